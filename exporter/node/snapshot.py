@@ -1,0 +1,294 @@
+"""Immutable readings of one poll of a node: the contract between sources, checks and rendering.
+
+Sources fill these records; the renderer turns a `NodeSnapshot` into exposition bytes and the
+health checks (healthcheck/checks) turn it into findings. Nothing here does I/O. A value that a
+source could not read is `None` and its series is simply absent, so one unsupported field never
+hides the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+EMPTY: Mapping[str, int] = MappingProxyType({})
+
+# Profiling (GPM) activity keys, each a ratio in [0, 1]; the dcgm-exporter DCGM_FI_PROF_* peers.
+PROFILING_KEYS = (
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "fp64_active",
+    "fp32_active",
+    "fp16_active",
+)
+
+# Clock-event (throttle) reasons, named after NVML's nvmlClocksEventReason* bits.
+CLOCK_EVENT_REASONS = (
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "display_clock_setting",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkReading:
+    """One NVLink of one GPU. Counters are cumulative since driver load."""
+
+    link: int
+    up: bool | None
+    tx_bytes: int | None = None
+    rx_bytes: int | None = None
+    crc_flit_errors: int | None = None
+    crc_data_errors: int | None = None
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+    remote_pci_bus_id: str | None = None
+    remote_device_type: str | None = None  # "gpu" | "switch" | "ibmnpu" | "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class EccCounts:
+    corrected_volatile: int | None = None
+    uncorrected_volatile: int | None = None
+    corrected_aggregate: int | None = None
+    uncorrected_aggregate: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    corrected: int
+    uncorrected: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredPages:
+    single_bit_ecc: int
+    double_bit_ecc: int
+    pending: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FabricInfo:
+    """GPU fabric (multi-node NVLink, GB200 class) registration as NVML reports it."""
+
+    state: str  # "not_supported" | "not_started" | "in_progress" | "completed"
+    healthy: bool | None  # None while the state carries no status
+    clique_id: int | None = None
+    cluster_uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    used_memory_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """Everything read from one GPU in one poll.
+
+    `up` is False when the GPU could not be read at all (lost, timed out); the identity fields
+    are then whatever was known from an earlier poll or enumeration.
+    """
+
+    index: int
+    uuid: str
+    pci_bus_id: str  # NVML form, "00000000:53:00.0"
+    model: str
+    up: bool
+    error: str | None = None  # why the GPU, or some of its fields, could not be read
+    utilization_gpu_ratio: float | None = None
+    utilization_memory_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_watts: float | None = None
+    energy_joules: float | None = None
+    temperature_gpu_celsius: float | None = None
+    temperature_memory_celsius: float | None = None
+    clock_sm_hz: float | None = None
+    clock_memory_hz: float | None = None
+    clock_event_reasons: frozenset[str] | None = None  # names from CLOCK_EVENT_REASONS
+    pcie_link_gen_current: int | None = None
+    pcie_link_gen_max: int | None = None
+    pcie_link_width_current: int | None = None
+    pcie_link_width_max: int | None = None
+    pcie_replays: int | None = None
+    pcie_tx_bytes: int | None = None
+    pcie_rx_bytes: int | None = None
+    ecc: EccCounts = field(default_factory=EccCounts)
+    remapped_rows: RemappedRows | None = None
+    retired_pages: RetiredPages | None = None
+    profiling: Mapping[str, float] | None = None  # keys from PROFILING_KEYS, ratios
+    fabric: FabricInfo | None = None
+    nvlinks: tuple[NvLinkReading, ...] = ()
+    processes: tuple[GpuProcess, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """One XID as delivered by NVML's event set (or the simulation's)."""
+
+    gpu_index: int
+    uuid: str
+    xid: int
+    timestamp: float  # unix seconds
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInventory:
+    """What the GPU source returned for one poll.
+
+    `available` is False when NVML itself is missing or failed to initialise; `gpus` is then
+    empty and `error` says why. `xid_events` are the events delivered since the previous read.
+    """
+
+    available: bool
+    error: str | None = None
+    driver_version: str | None = None
+    gpus: tuple[GpuReading, ...] = ()
+    xid_events: tuple[XidEvent, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class XidCount:
+    gpu_index: int
+    uuid: str
+    xid: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class LastXid:
+    gpu_index: int
+    uuid: str
+    xid: int
+    timestamp: float
+
+
+@dataclass(frozen=True, slots=True)
+class XidTotals:
+    """XID counters accumulated by the agent since it started: every event counts once."""
+
+    counts: tuple[XidCount, ...] = ()
+    last: tuple[LastXid, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EfaPortReading:
+    port: int
+    state: str | None = None  # "ACTIVE", "DOWN", ... (the text after "N: " in sysfs)
+    state_code: int | None = None  # the N in "N: ACTIVE"
+    phys_state: str | None = None
+    link_layer: str | None = None
+    rate_bits_per_second: float | None = None
+    counters: Mapping[str, int] = EMPTY  # port-level hw_counters, by kernel name
+
+
+@dataclass(frozen=True, slots=True)
+class EfaDeviceReading:
+    device: str  # "rdmap16s27"
+    pci_address: str | None = None  # sysfs form, "0000:10:1b.0"
+    numa_node: int | None = None
+    counters: Mapping[str, int] = EMPTY  # device-level hw_counters, by kernel name
+    ports: tuple[EfaPortReading, ...] = ()
+    error: str | None = None  # files that held garbage, if any
+
+
+@dataclass(frozen=True, slots=True)
+class NumaNodeReading:
+    node: int
+    cpus: frozenset[int]
+    cpulist: str
+    meminfo_bytes: Mapping[str, int] = EMPTY  # "MemTotal" -> bytes; page counts kept as-is
+    numastat: Mapping[str, int] = EMPTY  # "numa_hit" -> pages
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAffinity:
+    """Where one GPU sits relative to CPUs and NICs, and whether its processes agree."""
+
+    gpu_index: int
+    numa_node: int | None
+    nearest_efa: tuple[str, ...]  # EFA devices closest in the PCIe tree
+    processes: int  # compute processes on the GPU whose CPU mask could be read
+    processes_off_numa: int  # of those, allowed to run on CPUs outside the GPU's NUMA node
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTopology:
+    """The node's place in the cluster, from its own Node object's labels."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    LAYER_KEY = "topology.k8s.aws/network-node-layer-{}"
+    ULTRASERVER_KEY = "topology.k8s.aws/ultraserver-id"
+    ZONE_KEY = "topology.kubernetes.io/zone"
+    REGION_KEY = "topology.kubernetes.io/region"
+    INSTANCE_TYPE_KEY = "node.kubernetes.io/instance-type"
+
+    def layer(self, n: int) -> str:
+        return self.labels.get(self.LAYER_KEY.format(n), "")
+
+    @property
+    def ultraserver(self) -> str:
+        return self.labels.get(self.ULTRASERVER_KEY, "")
+
+    @property
+    def zone(self) -> str:
+        return self.labels.get(self.ZONE_KEY, "")
+
+    @property
+    def region(self) -> str:
+        return self.labels.get(self.REGION_KEY, "")
+
+    @property
+    def instance_type(self) -> str:
+        return self.labels.get(self.INSTANCE_TYPE_KEY, "")
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorStatus:
+    """How one collector fared in the poll that produced the snapshot."""
+
+    name: str  # "gpu", "efa", "numa", "affinity", "podresources", "topology", "rootfs"
+    ok: bool
+    duration_seconds: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """One complete poll of a node. Built by the poller, read by render and checks."""
+
+    node: str
+    taken_at: float
+    gpu: GpuInventory
+    xid: XidTotals
+    efa: tuple[EfaDeviceReading, ...]
+    numa: tuple[NumaNodeReading, ...]
+    affinity: tuple[GpuAffinity, ...]
+    pods: Mapping[str, PodRef]  # GPU UUID -> the pod holding it
+    topology: NodeTopology
+    collectors: tuple[CollectorStatus, ...]
+    collector_errors: Mapping[tuple[str, str], int]  # (collector, reason) -> total since start
+    last_success: float | None  # when every collector last succeeded together
+    rootfs_read_only: bool | None = None
