@@ -1,0 +1,212 @@
+"""One poll of every node source -> NodeSnapshot -> rendered exposition.
+
+The poller is the only place that touches hardware. Each collector runs isolated: an exception
+or a `SourceError` marks that collector failed for this poll, counts the reason, logs once per
+change of reason, and the snapshot carries whatever the other collectors read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from exporter.compat import dcgm, efa
+from exporter.node.affinity import compute_affinity
+from exporter.node.exposition import Family
+from exporter.node.render import render
+from exporter.node.serving import Exposition
+from exporter.node.snapshot import (
+    CollectorStatus,
+    EfaDeviceReading,
+    GpuAffinity,
+    GpuInventory,
+    NodeSnapshot,
+    NodeTopology,
+    NumaNodeReading,
+    PodRef,
+)
+from exporter.node.xid import XidLedger
+from exporter.sim.profiles import nvml_to_sysfs_address
+from exporter.sources import sysfs
+from exporter.sources.interfaces import (
+    GpuSource,
+    NodeLabelsSource,
+    PodResourcesSource,
+    SourceError,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+COMPAT_MODES = frozenset({"dcgm", "efa"})
+
+
+@dataclass
+class NodeSources:
+    """Everything the agent reads. The simulation supplies the same shape."""
+
+    gpu: GpuSource
+    labels: NodeLabelsSource
+    pods: PodResourcesSource | None = None
+    sysfs_root: Path = Path("/sys")
+    proc_root: Path = Path("/proc")
+    before_poll: Callable[[float], None] | None = None  # the simulation advances its clock here
+
+    def close(self) -> None:
+        self.gpu.close()
+        self.labels.close()
+        if self.pods is not None:
+            self.pods.close()
+
+
+@dataclass
+class _CollectorRun:
+    statuses: list[CollectorStatus] = field(default_factory=list)
+
+
+class Poller:
+    """Builds one snapshot per `poll()`; keeps what must persist across polls (XID counts,
+    error counters, last good labels)."""
+
+    def __init__(
+        self,
+        node: str,
+        sources: NodeSources,
+        compat: frozenset[str] = frozenset(),
+        clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        unknown = compat - COMPAT_MODES
+        if unknown:
+            raise ValueError(f"unknown compat mode(s): {', '.join(sorted(unknown))}")
+        self.node = node
+        self.sources = sources
+        self.compat = compat
+        self._clock = clock
+        self._timer = timer
+        self._xids = XidLedger()
+        self._errors: dict[tuple[str, str], int] = {}
+        self._last_reason: dict[str, str | None] = {}
+        self._last_success: float | None = None
+        self._previous: NodeSnapshot | None = None
+
+    # -- one poll ---------------------------------------------------------------------------
+
+    def poll(self) -> tuple[NodeSnapshot, Exposition]:
+        now = self._clock()
+        if self.sources.before_poll is not None:
+            self.sources.before_poll(now)
+        run = _CollectorRun()
+        gpu = self._collect(run, "gpu", self.sources.gpu.read, GpuInventory(available=False))
+        self._count_gpu_problems(run, gpu)
+        self._xids.record(gpu.xid_events)
+        efa_devices = self._collect(run, "efa", lambda: sysfs.read_efa(self.sources.sysfs_root), ())
+        self._count_efa_problems(run, efa_devices)
+        numa = self._collect(run, "numa", lambda: sysfs.read_numa(self.sources.sysfs_root), ())
+        affinity = self._collect(run, "affinity", lambda: self._affinity(gpu, efa_devices, numa), ())
+        pods: Mapping[str, PodRef] = {}
+        if self.sources.pods is not None:
+            pods = self._collect(run, "podresources", self.sources.pods.gpu_assignments, {})
+        labels = self._collect(run, "topology", self.sources.labels.labels, {})
+        rootfs_ro = self._collect(
+            run, "rootfs", lambda: sysfs.read_rootfs_read_only(self.sources.proc_root), None
+        )
+        if all(s.ok for s in run.statuses):
+            self._last_success = now
+        snapshot = NodeSnapshot(
+            node=self.node,
+            taken_at=now,
+            gpu=gpu,
+            xid=self._xids.totals(),
+            efa=efa_devices,
+            numa=numa,
+            affinity=affinity,
+            pods=pods,
+            topology=NodeTopology(dict(labels)),
+            collectors=tuple(run.statuses),
+            collector_errors=dict(self._errors),
+            last_success=self._last_success,
+            rootfs_read_only=rootfs_ro,
+        )
+        exposition = Exposition.build(self.families(snapshot))
+        self._previous = snapshot
+        return snapshot, exposition
+
+    def families(self, snapshot: NodeSnapshot) -> list[Family]:
+        fams = render(snapshot)
+        if "dcgm" in self.compat:
+            fams.extend(dcgm.render(snapshot, self._previous))
+        if "efa" in self.compat:
+            fams.extend(efa.render(snapshot))
+        return fams
+
+    # -- collectors ---------------------------------------------------------------------------
+
+    def _collect(self, run: _CollectorRun, name: str, read: Callable[[], T], fallback: T) -> T:
+        start = self._timer()
+        try:
+            value = read()
+        except SourceError as e:
+            self._failed(run, name, start, e.reason, str(e))
+            return fallback
+        except Exception as e:  # a bug or an unexpected OS error: keep serving, say so
+            log.exception("collector %s raised", name)
+            self._failed(run, name, start, "exception", f"{type(e).__name__}: {e}")
+            return fallback
+        run.statuses.append(CollectorStatus(name, True, self._timer() - start))
+        self._note(name, None, None)
+        return value
+
+    def _failed(self, run: _CollectorRun, name: str, start: float, reason: str, message: str) -> None:
+        run.statuses.append(CollectorStatus(name, False, self._timer() - start, message))
+        self._count(name, reason)
+        self._note(name, reason, message)
+
+    def _count(self, collector: str, reason: str, n: int = 1) -> None:
+        key = (collector, reason)
+        self._errors[key] = self._errors.get(key, 0) + n
+
+    def _note(self, name: str, reason: str | None, message: str | None) -> None:
+        """Log when a collector's condition changes, not on every poll it persists."""
+        if self._last_reason.get(name, None) == reason:
+            return
+        self._last_reason[name] = reason
+        if reason is None:
+            log.info("collector %s recovered", name)
+        else:
+            log.warning("collector %s failing (%s): %s", name, reason, message)
+
+    def _count_gpu_problems(self, run: _CollectorRun, gpu: GpuInventory) -> None:
+        """NVML missing fails the collector; one GPU failing only counts (the rest is read)."""
+        if not gpu.available:
+            status = run.statuses[-1]
+            run.statuses[-1] = CollectorStatus("gpu", False, status.duration_seconds, gpu.error)
+            self._count("gpu", "nvml_unavailable")
+            self._note("gpu", "nvml_unavailable", gpu.error)
+            return
+        lost = sum(1 for g in gpu.gpus if not g.up)
+        if lost:
+            self._count("gpu", "gpu_unreadable", lost)
+
+    def _count_efa_problems(self, run: _CollectorRun, devices: Sequence[EfaDeviceReading]) -> None:
+        bad = sum(1 for d in devices if d.error)
+        if bad:
+            self._count("efa", "malformed_file", bad)
+
+    def _affinity(
+        self,
+        gpu: GpuInventory,
+        efa_devices: Sequence[EfaDeviceReading],
+        numa: Sequence[NumaNodeReading],
+    ) -> tuple[GpuAffinity, ...]:
+        readable = [g for g in gpu.gpus if g.up]
+        gpus = [(g.index, nvml_to_sysfs_address(g.pci_bus_id)) for g in readable]
+        processes = {g.index: [p.pid for p in g.processes or ()] for g in readable}
+        locations = sysfs.read_pci_locations(self.sources.sysfs_root, [a for _, a in gpus])
+        pids = [pid for pids in processes.values() for pid in pids]
+        process_cpus = sysfs.read_process_cpus(self.sources.proc_root, pids)
+        return compute_affinity(gpus, processes, locations, efa_devices, numa, process_cpus)
