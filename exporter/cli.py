@@ -69,12 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--no-kubernetes", action="store_true",
                       help="do not read the Node object or the kubelet (bare-metal or Slurm nodes)")
     node.add_argument("--seed", type=int, default=0, help="seed of the simulation")
+    node.add_argument("--sim-root", type=Path, default=None, metavar="DIR",
+                      help="where the simulation writes its sysfs/proc tree (default: a temp dir)")
     node.set_defaults(func=run_node)
     return parser
 
 
 def real_sources(args: argparse.Namespace, node_name: str) -> NodeSources:
-    from exporter.sources.kube import NodeLabelsWatcher, StaticNodeLabels
+    from exporter.sources.kube import StaticNodeLabels, node_labels_source
     from exporter.sources.nvml import NvmlGpuSource
     from exporter.sources.podresources import KubeletPodResources
 
@@ -82,8 +84,7 @@ def real_sources(args: argparse.Namespace, node_name: str) -> NodeSources:
     gpu.start()
     if args.no_kubernetes:
         return NodeSources(gpu=gpu, labels=StaticNodeLabels({}), sysfs_root=args.sysfs_root, proc_root=args.proc_root)
-    labels = NodeLabelsWatcher(node_name)
-    labels.start()
+    labels = node_labels_source(node_name)
     pods = KubeletPodResources(args.pod_resources_socket, tuple(args.pod_resource or ("nvidia.com/gpu",)))
     return NodeSources(gpu=gpu, labels=labels, pods=pods, sysfs_root=args.sysfs_root, proc_root=args.proc_root)
 
@@ -95,7 +96,9 @@ def run_node(args: argparse.Namespace) -> int:
         from exporter.sim.node import SimulatedNode
 
         try:
-            sim = SimulatedNode(get_profile(args.simulate), parse_faults(args.fault), seed=args.seed)
+            sim = SimulatedNode(
+                get_profile(args.simulate), parse_faults(args.fault), root=args.sim_root, seed=args.seed
+            )
         except (ValueError, FaultSpecError) as e:
             print(f"topowatch node: {e}", file=sys.stderr)
             return 2

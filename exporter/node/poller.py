@@ -112,6 +112,8 @@ class Poller:
         if self.sources.pods is not None:
             pods = self._collect(run, "podresources", self.sources.pods.gpu_assignments, {})
         labels = self._collect(run, "topology", self.sources.labels.labels, {})
+        for reason in self.sources.labels.drain_errors():  # refreshes that failed in between
+            self._count("topology", reason)
         rootfs_ro = self._collect(
             run, "rootfs", lambda: sysfs.read_rootfs_read_only(self.sources.proc_root), None
         )

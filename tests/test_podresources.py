@@ -1,0 +1,173 @@
+"""KubeletPodResources against a real gRPC PodResourcesLister on a unix socket."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from exporter.node.snapshot import PodRef
+from exporter.sources.interfaces import SourceError
+from exporter.sources.podresources import KubeletPodResources, StaticPodResources
+from tests.podresources_server import FakeKubelet, list_response, pod
+
+GPU = "nvidia.com/gpu"
+EFA = "vpc.amazonaws.com/efa"
+
+TRAINING = list_response(
+    pod(
+        "team-a",
+        "trainer-0",
+        {
+            "main": {GPU: ["GPU-aaaa-0", "GPU-aaaa-1"], EFA: ["efa0", "efa1"]},
+            "sidecar": {},
+        },
+    ),
+    pod("team-a", "trainer-1", {"main": {GPU: ["GPU-bbbb-2"]}, "logger": {"cpu": ["3"]}}),
+    pod("team-b", "eval", {"prep": {EFA: ["efa2"]}, "eval": {GPU: ["GPU-cccc-3"]}}),
+    pod("kube-system", "aws-node", {"aws-node": {}}),
+)
+
+
+@pytest.fixture
+def kubelet() -> Iterator[FakeKubelet]:
+    with FakeKubelet(TRAINING) as server:
+        yield server
+
+
+@pytest.fixture
+def client(kubelet: FakeKubelet) -> Iterator[KubeletPodResources]:
+    source = KubeletPodResources(kubelet.socket_path, timeout_seconds=0.5)
+    yield source
+    source.close()
+
+
+def test_maps_gpu_uuids_to_containers(client: KubeletPodResources) -> None:
+    assert client.gpu_assignments() == {
+        "GPU-aaaa-0": PodRef("team-a", "trainer-0", "main"),
+        "GPU-aaaa-1": PodRef("team-a", "trainer-0", "main"),
+        "GPU-bbbb-2": PodRef("team-a", "trainer-1", "main"),
+        "GPU-cccc-3": PodRef("team-b", "eval", "eval"),
+    }
+
+
+def test_other_resources_included_when_configured(kubelet: FakeKubelet) -> None:
+    source = KubeletPodResources(kubelet.socket_path, resource_names=(GPU, EFA))
+    try:
+        got = source.gpu_assignments()
+    finally:
+        source.close()
+    assert got["efa0"] == got["efa1"] == PodRef("team-a", "trainer-0", "main")
+    assert got["efa2"] == PodRef("team-b", "eval", "prep")
+    assert got["GPU-cccc-3"] == PodRef("team-b", "eval", "eval")
+    assert len(got) == 7
+
+
+def test_empty_node(kubelet: FakeKubelet, client: KubeletPodResources) -> None:
+    kubelet.response = list_response()
+    assert client.gpu_assignments() == {}
+
+
+def test_channel_is_reused(kubelet: FakeKubelet, client: KubeletPodResources) -> None:
+    for _ in range(3):
+        assert len(client.gpu_assignments()) == 4
+    assert kubelet.calls == 3
+
+
+def test_missing_socket_is_unavailable_fast(tmp_path: object) -> None:
+    path = os.path.join(str(tmp_path), "absent.sock")
+    source = KubeletPodResources(path, timeout_seconds=5.0)
+    start = time.monotonic()
+    with pytest.raises(SourceError) as info:
+        source.gpu_assignments()
+    assert time.monotonic() - start < 0.5
+    assert info.value.reason == "unavailable"
+    assert path in str(info.value)
+    source.close()
+
+
+def test_stale_socket_file_is_unavailable(kubelet: FakeKubelet) -> None:
+    """A socket file nobody listens on (kubelet died without cleaning up)."""
+    kubelet.stop()
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(kubelet.socket_path)
+    stale.close()
+    source = KubeletPodResources(kubelet.socket_path, timeout_seconds=1.0)
+    start = time.monotonic()
+    with pytest.raises(SourceError) as info:
+        source.gpu_assignments()
+    assert time.monotonic() - start < 1.3
+    assert info.value.reason in ("unavailable", "timeout")
+    kubelet.start()  # the kubelet comes back on the same path
+    assert len(source.gpu_assignments()) == 4
+    source.close()
+
+
+def test_slow_server_times_out(kubelet: FakeKubelet) -> None:
+    kubelet.delay_seconds = 3.0
+    source = KubeletPodResources(kubelet.socket_path, timeout_seconds=0.3)
+    start = time.monotonic()
+    with pytest.raises(SourceError) as info:
+        source.gpu_assignments()
+    elapsed = time.monotonic() - start
+    source.close()
+    assert info.value.reason == "timeout"
+    assert 0.25 < elapsed < 0.8
+
+
+def test_permission_denied(kubelet: FakeKubelet, client: KubeletPodResources) -> None:
+    kubelet.abort_code = grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(SourceError) as info:
+        client.gpu_assignments()
+    assert info.value.reason == "permission"
+
+
+def test_other_status_is_rpc_error(kubelet: FakeKubelet, client: KubeletPodResources) -> None:
+    kubelet.abort_code = grpc.StatusCode.INTERNAL
+    with pytest.raises(SourceError) as info:
+        client.gpu_assignments()
+    assert info.value.reason == "rpc_error"
+    assert "INTERNAL" in str(info.value)
+
+
+def test_recovers_after_kubelet_restart(kubelet: FakeKubelet, client: KubeletPodResources) -> None:
+    assert len(client.gpu_assignments()) == 4
+    kubelet.stop()
+    with pytest.raises(SourceError) as info:
+        client.gpu_assignments()
+    assert info.value.reason == "unavailable"
+    kubelet.response = list_response(pod("team-c", "new", {"c": {GPU: ["GPU-dddd-0"]}}))
+    kubelet.start()
+    assert client.gpu_assignments() == {"GPU-dddd-0": PodRef("team-c", "new", "c")}
+
+
+def test_recovers_when_socket_replaced_without_a_failed_call(
+    kubelet: FakeKubelet, client: KubeletPodResources
+) -> None:
+    """The kubelet restarts between two polls; the old connection is dead but unnoticed."""
+    assert len(client.gpu_assignments()) == 4
+    kubelet.restart()
+    deadline = time.monotonic() + 2.0
+    while True:  # the first call may see the old connection's death; the next must succeed
+        try:
+            assert len(client.gpu_assignments()) == 4
+            break
+        except SourceError as err:
+            assert err.reason == "unavailable"
+            assert time.monotonic() < deadline
+    assert kubelet.calls >= 2
+
+
+def test_static_source() -> None:
+    ref = PodRef("ns", "p", "c")
+    source = StaticPodResources({"GPU-1": ref})
+    got = source.gpu_assignments()
+    assert got == {"GPU-1": ref}
+    source.set({})
+    assert source.gpu_assignments() == {}
+    assert got == {"GPU-1": ref}  # earlier answers are copies
+    source.close()
