@@ -33,7 +33,8 @@ def parse_compat(value: str) -> frozenset[str]:
     unknown = modes - COMPAT_MODES
     if unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown compat mode(s) {', '.join(sorted(unknown))}; choose from {', '.join(sorted(COMPAT_MODES))}"
+            f"unknown compat mode(s) {', '.join(sorted(unknown))};"
+            f" choose from {', '.join(sorted(COMPAT_MODES))}"
         )
     return modes
 
@@ -52,25 +53,56 @@ def build_parser() -> argparse.ArgumentParser:
         help="the node agent: GPU, NVLink, EFA, NUMA and topology metrics",
         description="Poll NVML, sysfs, the kubelet and the node's labels; serve /metrics.",
     )
-    node.add_argument("--simulate", metavar="PROFILE", help=f"simulated hardware: {', '.join(sorted(PROFILES))}")
-    node.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                      help="inject a fault into the simulation (repeatable), e.g. xid=79@gpu3")
+    node.add_argument(
+        "--simulate", metavar="PROFILE", help=f"simulated hardware: {', '.join(sorted(PROFILES))}"
+    )
+    node.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a fault into the simulation (repeatable), e.g. xid=79@gpu3",
+    )
     node.add_argument("--once", action="store_true", help="poll once, print the exposition, exit")
-    node.add_argument("--listen", type=parse_listen, default=("0.0.0.0", DEFAULT_NODE_PORT), metavar="HOST:PORT")
-    node.add_argument("--interval", type=float, default=5.0, metavar="S", help="poll interval in seconds")
-    node.add_argument("--compat", type=parse_compat, default=frozenset(), metavar="dcgm,efa",
-                      help="also emit dcgm-exporter and/or AWS EFA exporter names")
+    node.add_argument(
+        "--listen", type=parse_listen, default=("0.0.0.0", DEFAULT_NODE_PORT), metavar="HOST:PORT"
+    )
+    node.add_argument(
+        "--interval", type=float, default=5.0, metavar="S", help="poll interval in seconds"
+    )
+    node.add_argument(
+        "--compat",
+        type=parse_compat,
+        default=frozenset(),
+        metavar="dcgm,efa",
+        help="also emit dcgm-exporter and/or AWS EFA exporter names",
+    )
     node.add_argument("--node-name", default=None, help="default: $NODE_NAME, else the hostname")
     node.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
     node.add_argument("--proc-root", type=Path, default=Path("/proc"))
-    node.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock")
-    node.add_argument("--pod-resource", action="append", default=None, metavar="NAME",
-                      help="device-plugin resource holding GPUs (repeatable; default nvidia.com/gpu)")
-    node.add_argument("--no-kubernetes", action="store_true",
-                      help="do not read the Node object or the kubelet (bare-metal or Slurm nodes)")
+    node.add_argument(
+        "--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock"
+    )
+    node.add_argument(
+        "--pod-resource",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="device-plugin resource holding GPUs (repeatable; default nvidia.com/gpu)",
+    )
+    node.add_argument(
+        "--no-kubernetes",
+        action="store_true",
+        help="do not read the Node object or the kubelet (bare-metal or Slurm nodes)",
+    )
     node.add_argument("--seed", type=int, default=0, help="seed of the simulation")
-    node.add_argument("--sim-root", type=Path, default=None, metavar="DIR",
-                      help="where the simulation writes its sysfs/proc tree (default: a temp dir)")
+    node.add_argument(
+        "--sim-root",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where the simulation writes its sysfs/proc tree (default: a temp dir)",
+    )
     node.set_defaults(func=run_node)
     return parser
 
@@ -83,10 +115,19 @@ def real_sources(args: argparse.Namespace, node_name: str) -> NodeSources:
     gpu = NvmlGpuSource()
     gpu.start()
     if args.no_kubernetes:
-        return NodeSources(gpu=gpu, labels=StaticNodeLabels({}), sysfs_root=args.sysfs_root, proc_root=args.proc_root)
+        return NodeSources(
+            gpu=gpu,
+            labels=StaticNodeLabels({}),
+            sysfs_root=args.sysfs_root,
+            proc_root=args.proc_root,
+        )
     labels = node_labels_source(node_name)
-    pods = KubeletPodResources(args.pod_resources_socket, tuple(args.pod_resource or ("nvidia.com/gpu",)))
-    return NodeSources(gpu=gpu, labels=labels, pods=pods, sysfs_root=args.sysfs_root, proc_root=args.proc_root)
+    pods = KubeletPodResources(
+        args.pod_resources_socket, tuple(args.pod_resource or ("nvidia.com/gpu",))
+    )
+    return NodeSources(
+        gpu=gpu, labels=labels, pods=pods, sysfs_root=args.sysfs_root, proc_root=args.proc_root
+    )
 
 
 def run_node(args: argparse.Namespace) -> int:
@@ -97,7 +138,10 @@ def run_node(args: argparse.Namespace) -> int:
 
         try:
             sim = SimulatedNode(
-                get_profile(args.simulate), parse_faults(args.fault), root=args.sim_root, seed=args.seed
+                get_profile(args.simulate),
+                parse_faults(args.fault),
+                root=args.sim_root,
+                seed=args.seed,
             )
         except (ValueError, FaultSpecError) as e:
             print(f"topowatch node: {e}", file=sys.stderr)
@@ -120,7 +164,8 @@ def run_node(args: argparse.Namespace) -> int:
         if not snapshot.gpu.available:
             log.warning(
                 "no GPU metrics: %s. Serving the other collectors; use --simulate PROFILE to try "
-                "topowatch without a GPU.", snapshot.gpu.error,
+                "topowatch without a GPU.",
+                snapshot.gpu.error,
             )
         host, port = args.listen
         asyncio.run(serve(agent, host, port))

@@ -34,7 +34,12 @@ def main(source: str) -> None:
         w.writerow(["xid", "name", "severity", "action"])
         for r in rows:
             w.writerow(
-                [int(r["xid"]), short_name(r["name"]), r["severity"], action_bucket(r["recommended_action"])]
+                [
+                    int(r["xid"]),
+                    short_name(r["name"]),
+                    r["severity"],
+                    action_bucket(r["recommended_action"]),
+                ]
             )
 
 

@@ -53,7 +53,9 @@ def test_openmetrics_format_parses_with_types_and_eof() -> None:
     assert body.endswith("# EOF\n")
     parsed = {f.name: f for f in parse_om(body)}
     assert parsed["topowatch_gpu_energy_joules"].type == "counter"
-    assert parsed["topowatch_gpu_energy_joules"].samples[0].name == "topowatch_gpu_energy_joules_total"
+    assert (
+        parsed["topowatch_gpu_energy_joules"].samples[0].name == "topowatch_gpu_energy_joules_total"
+    )
     assert parsed["topowatch_node_topology"].type == "info"
     assert parsed["topowatch_node_topology"].samples[0].labels["layer1"] == 'we"ird\\va\nlue'
     assert parsed["node_amazonefa_tx_bytes"].type == "unknown"

@@ -8,7 +8,9 @@ from pathlib import Path
 from exporter.node.snapshot import XidEvent
 from exporter.node.xid import XidLedger, catalog, describe
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "nvidia" / "xid-catalog.csv"
+REFERENCE = (
+    Path(__file__).resolve().parents[2] / "shared" / "reference" / "nvidia" / "xid-catalog.csv"
+)
 
 
 def test_repeated_xid_is_a_counter_increase_and_last_is_kept() -> None:

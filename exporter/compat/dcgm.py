@@ -54,33 +54,114 @@ def _prof(key: str) -> Getter:
 
 FIELDS: tuple[tuple[str, str, str, Getter], ...] = (
     ("DCGM_FI_DEV_SM_CLOCK", GAUGE, "SM clock frequency (in MHz).", lambda g: _mhz(g.clock_sm_hz)),
-    ("DCGM_FI_DEV_MEM_CLOCK", GAUGE, "Memory clock frequency (in MHz).", lambda g: _mhz(g.clock_memory_hz)),
-    ("DCGM_FI_DEV_MEMORY_TEMP", GAUGE, "Memory temperature (in C).", lambda g: g.temperature_memory_celsius),
+    (
+        "DCGM_FI_DEV_MEM_CLOCK",
+        GAUGE,
+        "Memory clock frequency (in MHz).",
+        lambda g: _mhz(g.clock_memory_hz),
+    ),
+    (
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        GAUGE,
+        "Memory temperature (in C).",
+        lambda g: g.temperature_memory_celsius,
+    ),
     ("DCGM_FI_DEV_GPU_TEMP", GAUGE, "GPU temperature (in C).", lambda g: g.temperature_gpu_celsius),
     ("DCGM_FI_DEV_POWER_USAGE", GAUGE, "Power draw (in W).", lambda g: g.power_watts),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", UNTYPED, "Total energy consumption since boot (in mJ).",
-     lambda g: None if g.energy_joules is None else round(g.energy_joules * 1000)),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", UNTYPED, "Total number of PCIe retries.", lambda g: g.pcie_replays),
-    ("DCGM_FI_DEV_GPU_UTIL", GAUGE, "GPU utilization (in %).", lambda g: _pct(g.utilization_gpu_ratio)),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", GAUGE, "Memory utilization (in %).", lambda g: _pct(g.utilization_memory_ratio)),
-    ("DCGM_FI_DEV_FB_FREE", GAUGE, "Framebuffer memory free (in MiB).", lambda g: _mib(g.memory_free_bytes)),
-    ("DCGM_FI_DEV_FB_USED", GAUGE, "Framebuffer memory used (in MiB).", lambda g: _mib(g.memory_used_bytes)),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        UNTYPED,
+        "Total energy consumption since boot (in mJ).",
+        lambda g: None if g.energy_joules is None else round(g.energy_joules * 1000),
+    ),
+    (
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        UNTYPED,
+        "Total number of PCIe retries.",
+        lambda g: g.pcie_replays,
+    ),
+    (
+        "DCGM_FI_DEV_GPU_UTIL",
+        GAUGE,
+        "GPU utilization (in %).",
+        lambda g: _pct(g.utilization_gpu_ratio),
+    ),
+    (
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        GAUGE,
+        "Memory utilization (in %).",
+        lambda g: _pct(g.utilization_memory_ratio),
+    ),
+    (
+        "DCGM_FI_DEV_FB_FREE",
+        GAUGE,
+        "Framebuffer memory free (in MiB).",
+        lambda g: _mib(g.memory_free_bytes),
+    ),
+    (
+        "DCGM_FI_DEV_FB_USED",
+        GAUGE,
+        "Framebuffer memory used (in MiB).",
+        lambda g: _mib(g.memory_used_bytes),
+    ),
     ("DCGM_FI_DEV_FB_RESERVED", GAUGE, "Framebuffer memory reserved (in MiB).", _fb_reserved),
-    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", UNTYPED, "Total number of NVLink bandwidth counters for all lanes.", _nvlink_total),
-    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", UNTYPED, "Number of remapped rows for uncorrectable errors",
-     lambda g: g.remapped_rows.uncorrected if g.remapped_rows else None),
-    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", UNTYPED, "Number of remapped rows for correctable errors",
-     lambda g: g.remapped_rows.corrected if g.remapped_rows else None),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", GAUGE, "Whether remapping of rows has failed",
-     lambda g: int(g.remapped_rows.failure) if g.remapped_rows else None),
-    ("DCGM_FI_PROF_SM_ACTIVE", GAUGE, "The ratio of cycles an SM has at least 1 warp assigned.", _prof("sm_active")),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", GAUGE, "Ratio of cycles the tensor (HMMA) pipe is active.", _prof("tensor_active")),
-    ("DCGM_FI_PROF_DRAM_ACTIVE", GAUGE, "Ratio of cycles the device memory interface is active sending or receiving data.", _prof("dram_active")),
+    (
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        UNTYPED,
+        "Total number of NVLink bandwidth counters for all lanes.",
+        _nvlink_total,
+    ),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        UNTYPED,
+        "Number of remapped rows for uncorrectable errors",
+        lambda g: g.remapped_rows.uncorrected if g.remapped_rows else None,
+    ),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        UNTYPED,
+        "Number of remapped rows for correctable errors",
+        lambda g: g.remapped_rows.corrected if g.remapped_rows else None,
+    ),
+    (
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        GAUGE,
+        "Whether remapping of rows has failed",
+        lambda g: int(g.remapped_rows.failure) if g.remapped_rows else None,
+    ),
+    (
+        "DCGM_FI_PROF_SM_ACTIVE",
+        GAUGE,
+        "The ratio of cycles an SM has at least 1 warp assigned.",
+        _prof("sm_active"),
+    ),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        GAUGE,
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        _prof("tensor_active"),
+    ),
+    (
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        GAUGE,
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+        _prof("dram_active"),
+    ),
 )
 
 PCIE_RATE_FIELDS = (
-    ("DCGM_FI_PROF_PCIE_TX_BYTES", "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", "pcie_tx_bytes"),
-    ("DCGM_FI_PROF_PCIE_RX_BYTES", "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.", "pcie_rx_bytes"),
+    (
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and"
+        " data payloads - in bytes per second.",
+        "pcie_tx_bytes",
+    ),
+    (
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "The rate of data received over the PCIe bus - including both protocol headers and"
+        " data payloads - in bytes per second.",
+        "pcie_rx_bytes",
+    ),
 )
 
 

@@ -22,7 +22,9 @@ def render(snapshot: NodeSnapshot) -> list[Family]:
                 fam = fams.get(name)
                 if fam is None:
                     fam = fams[name] = Family(
-                        f"node_amazonefa_{name}", UNTYPED, f"EFA port hw_counter {name} (EFA node exporter name)."
+                        f"node_amazonefa_{name}",
+                        UNTYPED,
+                        f"EFA port hw_counter {name} (EFA node exporter name).",
                     )
                 fam.add_rendered(labels, value)
     return list(fams.values())

@@ -104,14 +104,22 @@ class Poller:
         gpu = self._collect(run, "gpu", self.sources.gpu.read, GpuInventory(available=False))
         self._count_gpu_problems(run, gpu)
         self._xids.record(gpu.xid_events)
-        efa_devices = self._collect(run, "efa", lambda: sysfs.read_efa(self.sources.sysfs_root), ())
+        no_efa: tuple[EfaDeviceReading, ...] = ()
+        no_numa: tuple[NumaNodeReading, ...] = ()
+        no_affinity: tuple[GpuAffinity, ...] = ()
+        no_labels: Mapping[str, str] = {}
+        efa_devices = self._collect(
+            run, "efa", lambda: sysfs.read_efa(self.sources.sysfs_root), no_efa
+        )
         self._count_efa_problems(run, efa_devices)
-        numa = self._collect(run, "numa", lambda: sysfs.read_numa(self.sources.sysfs_root), ())
-        affinity = self._collect(run, "affinity", lambda: self._affinity(gpu, efa_devices, numa), ())
+        numa = self._collect(run, "numa", lambda: sysfs.read_numa(self.sources.sysfs_root), no_numa)
+        affinity = self._collect(
+            run, "affinity", lambda: self._affinity(gpu, efa_devices, numa), no_affinity
+        )
         pods: Mapping[str, PodRef] = {}
         if self.sources.pods is not None:
             pods = self._collect(run, "podresources", self.sources.pods.gpu_assignments, {})
-        labels = self._collect(run, "topology", self.sources.labels.labels, {})
+        labels = self._collect(run, "topology", self.sources.labels.labels, no_labels)
         for reason in self.sources.labels.drain_errors():  # refreshes that failed in between
             self._count("topology", reason)
         rootfs_ro = self._collect(
@@ -163,7 +171,9 @@ class Poller:
         self._note(name, None, None)
         return value
 
-    def _failed(self, run: _CollectorRun, name: str, start: float, reason: str, message: str) -> None:
+    def _failed(
+        self, run: _CollectorRun, name: str, start: float, reason: str, message: str
+    ) -> None:
         run.statuses.append(CollectorStatus(name, False, self._timer() - start, message))
         self._count(name, reason)
         self._note(name, reason, message)
@@ -208,7 +218,10 @@ class Poller:
         readable = [g for g in gpu.gpus if g.up]
         gpus = [(g.index, nvml_to_sysfs_address(g.pci_bus_id)) for g in readable]
         processes = {g.index: [p.pid for p in g.processes or ()] for g in readable}
-        locations = sysfs.read_pci_locations(self.sources.sysfs_root, [a for _, a in gpus])
+        efa_addresses = [d.pci_address for d in efa_devices if d.pci_address]
+        locations = sysfs.read_pci_locations(
+            self.sources.sysfs_root, [a for _, a in gpus] + efa_addresses
+        )
         pids = [pid for pids in processes.values() for pid in pids]
         process_cpus = sysfs.read_process_cpus(self.sources.proc_root, pids)
         return compute_affinity(gpus, processes, locations, efa_devices, numa, process_cpus)

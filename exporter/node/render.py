@@ -41,45 +41,200 @@ def _flag(value: bool | None) -> int | None:
 
 
 GPU_FIELDS: tuple[Field, ...] = (
-    Field("topowatch_gpu_utilization_ratio", GAUGE, "Fraction of the last sample period a kernel ran on the GPU.", lambda g: g.utilization_gpu_ratio),
-    Field("topowatch_gpu_memory_utilization_ratio", GAUGE, "Fraction of the last sample period device memory was read or written.", lambda g: g.utilization_memory_ratio),
-    Field("topowatch_gpu_memory_used_bytes", GAUGE, "Device memory in use.", lambda g: g.memory_used_bytes),
-    Field("topowatch_gpu_memory_free_bytes", GAUGE, "Device memory free.", lambda g: g.memory_free_bytes),
-    Field("topowatch_gpu_memory_total_bytes", GAUGE, "Device memory installed.", lambda g: g.memory_total_bytes),
+    Field(
+        "topowatch_gpu_utilization_ratio",
+        GAUGE,
+        "Fraction of the last sample period a kernel ran on the GPU.",
+        lambda g: g.utilization_gpu_ratio,
+    ),
+    Field(
+        "topowatch_gpu_memory_utilization_ratio",
+        GAUGE,
+        "Fraction of the last sample period device memory was read or written.",
+        lambda g: g.utilization_memory_ratio,
+    ),
+    Field(
+        "topowatch_gpu_memory_used_bytes",
+        GAUGE,
+        "Device memory in use.",
+        lambda g: g.memory_used_bytes,
+    ),
+    Field(
+        "topowatch_gpu_memory_free_bytes",
+        GAUGE,
+        "Device memory free.",
+        lambda g: g.memory_free_bytes,
+    ),
+    Field(
+        "topowatch_gpu_memory_total_bytes",
+        GAUGE,
+        "Device memory installed.",
+        lambda g: g.memory_total_bytes,
+    ),
     Field("topowatch_gpu_power_watts", GAUGE, "Power draw.", lambda g: g.power_watts),
-    Field("topowatch_gpu_energy_joules", COUNTER, "Energy consumed since the driver loaded.", lambda g: g.energy_joules),
-    Field("topowatch_gpu_temperature_celsius", GAUGE, "GPU die temperature.", lambda g: g.temperature_gpu_celsius),
-    Field("topowatch_gpu_memory_temperature_celsius", GAUGE, "HBM temperature.", lambda g: g.temperature_memory_celsius),
+    Field(
+        "topowatch_gpu_energy_joules",
+        COUNTER,
+        "Energy consumed since the driver loaded.",
+        lambda g: g.energy_joules,
+    ),
+    Field(
+        "topowatch_gpu_temperature_celsius",
+        GAUGE,
+        "GPU die temperature.",
+        lambda g: g.temperature_gpu_celsius,
+    ),
+    Field(
+        "topowatch_gpu_memory_temperature_celsius",
+        GAUGE,
+        "HBM temperature.",
+        lambda g: g.temperature_memory_celsius,
+    ),
     Field("topowatch_gpu_sm_clock_hertz", GAUGE, "SM clock.", lambda g: g.clock_sm_hz),
     Field("topowatch_gpu_memory_clock_hertz", GAUGE, "Memory clock.", lambda g: g.clock_memory_hz),
-    Field("topowatch_gpu_pcie_link_generation", GAUGE, "PCIe generation the link trained at.", lambda g: g.pcie_link_gen_current),
-    Field("topowatch_gpu_pcie_link_generation_max", GAUGE, "Highest PCIe generation the GPU and its slot support.", lambda g: g.pcie_link_gen_max),
-    Field("topowatch_gpu_pcie_link_width", GAUGE, "PCIe lanes the link trained at.", lambda g: g.pcie_link_width_current),
-    Field("topowatch_gpu_pcie_link_width_max", GAUGE, "Most PCIe lanes the GPU and its slot support.", lambda g: g.pcie_link_width_max),
-    Field("topowatch_gpu_pcie_replays", COUNTER, "PCIe replays (link-level retransmissions).", lambda g: g.pcie_replays),
-    Field("topowatch_gpu_pcie_tx_bytes", COUNTER, "Bytes the GPU sent over PCIe (NVML field 197).", lambda g: g.pcie_tx_bytes),
-    Field("topowatch_gpu_pcie_rx_bytes", COUNTER, "Bytes the GPU received over PCIe (NVML field 198).", lambda g: g.pcie_rx_bytes),
-    Field("topowatch_gpu_remapped_rows_pending", GAUGE, "1 while a row remap waits for a GPU reset.", lambda g: _flag(g.remapped_rows.pending) if g.remapped_rows else None),
-    Field("topowatch_gpu_remapped_rows_failure", GAUGE, "1 when row remapping has failed: the GPU needs replacement.", lambda g: _flag(g.remapped_rows.failure) if g.remapped_rows else None),
-    Field("topowatch_gpu_retired_pages_pending", GAUGE, "1 while a page retirement waits for a reboot.", lambda g: _flag(g.retired_pages.pending) if g.retired_pages else None),
-    Field("topowatch_gpu_compute_processes", GAUGE, "Compute processes running on the GPU.", lambda g: len(g.processes) if g.processes is not None else None),
-    Field("topowatch_gpu_sm_active_ratio", GAUGE, "Fraction of cycles an SM had a warp resident (GPM; DCGM_FI_PROF_SM_ACTIVE).", lambda g: _ratio_or_none(g, "sm_active")),
-    Field("topowatch_gpu_sm_occupancy_ratio", GAUGE, "Resident warps over the SM maximum (GPM; DCGM_FI_PROF_SM_OCCUPANCY).", lambda g: _ratio_or_none(g, "sm_occupancy")),
-    Field("topowatch_gpu_tensor_active_ratio", GAUGE, "Fraction of cycles a tensor pipe was active (GPM; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).", lambda g: _ratio_or_none(g, "tensor_active")),
-    Field("topowatch_gpu_dram_active_ratio", GAUGE, "Fraction of cycles the memory interface was busy (GPM; DCGM_FI_PROF_DRAM_ACTIVE).", lambda g: _ratio_or_none(g, "dram_active")),
-    Field("topowatch_gpu_fp64_active_ratio", GAUGE, "Fraction of cycles the FP64 pipe was active (GPM).", lambda g: _ratio_or_none(g, "fp64_active")),
-    Field("topowatch_gpu_fp32_active_ratio", GAUGE, "Fraction of cycles the FP32 pipe was active (GPM).", lambda g: _ratio_or_none(g, "fp32_active")),
-    Field("topowatch_gpu_fp16_active_ratio", GAUGE, "Fraction of cycles the FP16 pipe was active (GPM).", lambda g: _ratio_or_none(g, "fp16_active")),
-    Field("topowatch_gpu_fabric_healthy", GAUGE, "1 when the GPU's NVLink fabric registration completed healthy (GB200 class).", lambda g: _flag(g.fabric.healthy) if g.fabric else None),
+    Field(
+        "topowatch_gpu_pcie_link_generation",
+        GAUGE,
+        "PCIe generation the link trained at.",
+        lambda g: g.pcie_link_gen_current,
+    ),
+    Field(
+        "topowatch_gpu_pcie_link_generation_max",
+        GAUGE,
+        "Highest PCIe generation the GPU and its slot support.",
+        lambda g: g.pcie_link_gen_max,
+    ),
+    Field(
+        "topowatch_gpu_pcie_link_width",
+        GAUGE,
+        "PCIe lanes the link trained at.",
+        lambda g: g.pcie_link_width_current,
+    ),
+    Field(
+        "topowatch_gpu_pcie_link_width_max",
+        GAUGE,
+        "Most PCIe lanes the GPU and its slot support.",
+        lambda g: g.pcie_link_width_max,
+    ),
+    Field(
+        "topowatch_gpu_pcie_replays",
+        COUNTER,
+        "PCIe replays (link-level retransmissions).",
+        lambda g: g.pcie_replays,
+    ),
+    Field(
+        "topowatch_gpu_pcie_tx_bytes",
+        COUNTER,
+        "Bytes the GPU sent over PCIe (NVML field 197).",
+        lambda g: g.pcie_tx_bytes,
+    ),
+    Field(
+        "topowatch_gpu_pcie_rx_bytes",
+        COUNTER,
+        "Bytes the GPU received over PCIe (NVML field 198).",
+        lambda g: g.pcie_rx_bytes,
+    ),
+    Field(
+        "topowatch_gpu_remapped_rows_pending",
+        GAUGE,
+        "1 while a row remap waits for a GPU reset.",
+        lambda g: _flag(g.remapped_rows.pending) if g.remapped_rows else None,
+    ),
+    Field(
+        "topowatch_gpu_remapped_rows_failure",
+        GAUGE,
+        "1 when row remapping has failed: the GPU needs replacement.",
+        lambda g: _flag(g.remapped_rows.failure) if g.remapped_rows else None,
+    ),
+    Field(
+        "topowatch_gpu_retired_pages_pending",
+        GAUGE,
+        "1 while a page retirement waits for a reboot.",
+        lambda g: _flag(g.retired_pages.pending) if g.retired_pages else None,
+    ),
+    Field(
+        "topowatch_gpu_compute_processes",
+        GAUGE,
+        "Compute processes running on the GPU.",
+        lambda g: len(g.processes) if g.processes is not None else None,
+    ),
+    Field(
+        "topowatch_gpu_sm_active_ratio",
+        GAUGE,
+        "Fraction of cycles an SM had a warp resident (GPM; DCGM_FI_PROF_SM_ACTIVE).",
+        lambda g: _ratio_or_none(g, "sm_active"),
+    ),
+    Field(
+        "topowatch_gpu_sm_occupancy_ratio",
+        GAUGE,
+        "Resident warps over the SM maximum (GPM; DCGM_FI_PROF_SM_OCCUPANCY).",
+        lambda g: _ratio_or_none(g, "sm_occupancy"),
+    ),
+    Field(
+        "topowatch_gpu_tensor_active_ratio",
+        GAUGE,
+        "Fraction of cycles a tensor pipe was active (GPM; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).",
+        lambda g: _ratio_or_none(g, "tensor_active"),
+    ),
+    Field(
+        "topowatch_gpu_dram_active_ratio",
+        GAUGE,
+        "Fraction of cycles the memory interface was busy (GPM; DCGM_FI_PROF_DRAM_ACTIVE).",
+        lambda g: _ratio_or_none(g, "dram_active"),
+    ),
+    Field(
+        "topowatch_gpu_fp64_active_ratio",
+        GAUGE,
+        "Fraction of cycles the FP64 pipe was active (GPM).",
+        lambda g: _ratio_or_none(g, "fp64_active"),
+    ),
+    Field(
+        "topowatch_gpu_fp32_active_ratio",
+        GAUGE,
+        "Fraction of cycles the FP32 pipe was active (GPM).",
+        lambda g: _ratio_or_none(g, "fp32_active"),
+    ),
+    Field(
+        "topowatch_gpu_fp16_active_ratio",
+        GAUGE,
+        "Fraction of cycles the FP16 pipe was active (GPM).",
+        lambda g: _ratio_or_none(g, "fp16_active"),
+    ),
+    Field(
+        "topowatch_gpu_fabric_healthy",
+        GAUGE,
+        "1 when the GPU's NVLink fabric registration completed healthy (GB200 class).",
+        lambda g: _flag(g.fabric.healthy) if g.fabric else None,
+    ),
 )
 
 NVLINK_FIELDS: tuple[tuple[str, str, str, Callable[[NvLinkReading], int | None]], ...] = (
     ("topowatch_nvlink_tx_bytes", COUNTER, "Data bytes sent on the link.", lambda lk: lk.tx_bytes),
-    ("topowatch_nvlink_rx_bytes", COUNTER, "Data bytes received on the link.", lambda lk: lk.rx_bytes),
-    ("topowatch_nvlink_crc_flit_errors", COUNTER, "Flow-control CRC errors on the link.", lambda lk: lk.crc_flit_errors),
-    ("topowatch_nvlink_crc_data_errors", COUNTER, "Data CRC errors on the link.", lambda lk: lk.crc_data_errors),
+    (
+        "topowatch_nvlink_rx_bytes",
+        COUNTER,
+        "Data bytes received on the link.",
+        lambda lk: lk.rx_bytes,
+    ),
+    (
+        "topowatch_nvlink_crc_flit_errors",
+        COUNTER,
+        "Flow-control CRC errors on the link.",
+        lambda lk: lk.crc_flit_errors,
+    ),
+    (
+        "topowatch_nvlink_crc_data_errors",
+        COUNTER,
+        "Data CRC errors on the link.",
+        lambda lk: lk.crc_data_errors,
+    ),
     ("topowatch_nvlink_replay_errors", COUNTER, "Link-level replays.", lambda lk: lk.replay_errors),
-    ("topowatch_nvlink_recovery_errors", COUNTER, "Link recoveries (retraining).", lambda lk: lk.recovery_errors),
+    (
+        "topowatch_nvlink_recovery_errors",
+        COUNTER,
+        "Link recoveries (retraining).",
+        lambda lk: lk.recovery_errors,
+    ),
 )
 
 
@@ -123,36 +278,53 @@ def _render_self(fams: _Families, s: NodeSnapshot, node: str) -> None:
     fams.get("topowatch_exporter_build", INFO, "topowatch version.").add_rendered(
         f'{{{node},version="{VERSION}"}}', 1
     )
-    dur = fams.get("topowatch_exporter_collector_duration_seconds", GAUGE, "Wall time the collector took in the last poll.")
-    up = fams.get("topowatch_exporter_collector_success", GAUGE, "1 when the collector succeeded in the last poll.")
+    dur = fams.get(
+        "topowatch_exporter_collector_duration_seconds",
+        GAUGE,
+        "Wall time the collector took in the last poll.",
+    )
+    up = fams.get(
+        "topowatch_exporter_collector_success",
+        GAUGE,
+        "1 when the collector succeeded in the last poll.",
+    )
     for c in s.collectors:
         labels = f'{{{node},collector="{c.name}"}}'
         dur.add_rendered(labels, c.duration_seconds)
         up.add_rendered(labels, c.ok)
-    errors = fams.get("topowatch_exporter_collector_errors", COUNTER, "Collector failures since start, by reason.")
+    errors = fams.get(
+        "topowatch_exporter_collector_errors", COUNTER, "Collector failures since start, by reason."
+    )
     for (collector, reason), n in sorted(s.collector_errors.items()):
         errors.add_rendered(f'{{{node},collector="{collector}",reason="{_q(reason)}"}}', n)
     if s.last_success is not None:
         fams.get(
-            "topowatch_exporter_last_successful_poll_timestamp_seconds", GAUGE,
+            "topowatch_exporter_last_successful_poll_timestamp_seconds",
+            GAUGE,
             "Unix time of the last poll in which every collector succeeded.",
         ).add_rendered(f"{{{node}}}", s.last_success)
-    fams.get("topowatch_exporter_poll_timestamp_seconds", GAUGE, "Unix time of the poll being served.").add_rendered(
-        f"{{{node}}}", s.taken_at
-    )
+    fams.get(
+        "topowatch_exporter_poll_timestamp_seconds", GAUGE, "Unix time of the poll being served."
+    ).add_rendered(f"{{{node}}}", s.taken_at)
     fams.get("topowatch_nvml_up", GAUGE, "1 when NVML initialised and answers.").add_rendered(
         f"{{{node}}}", s.gpu.available
     )
-    fams.get("topowatch_gpus", GAUGE, "GPUs NVML enumerates on the node.").add_rendered(f"{{{node}}}", len(s.gpu.gpus))
+    fams.get("topowatch_gpus", GAUGE, "GPUs NVML enumerates on the node.").add_rendered(
+        f"{{{node}}}", len(s.gpu.gpus)
+    )
     if s.gpu.driver_version:
         fams.get("topowatch_gpu_driver", INFO, "NVIDIA driver version.").add_rendered(
             f'{{{node},driver_version="{_q(s.gpu.driver_version)}"}}', 1
         )
-    fams.get("topowatch_efa_devices", GAUGE, "EFA devices present in sysfs.").add_rendered(f"{{{node}}}", len(s.efa))
+    fams.get("topowatch_efa_devices", GAUGE, "EFA devices present in sysfs.").add_rendered(
+        f"{{{node}}}", len(s.efa)
+    )
     if s.rootfs_read_only is not None:
-        fams.get("topowatch_node_rootfs_read_only", GAUGE, "1 when the root filesystem is mounted read-only.").add_rendered(
-            f"{{{node}}}", s.rootfs_read_only
-        )
+        fams.get(
+            "topowatch_node_rootfs_read_only",
+            GAUGE,
+            "1 when the root filesystem is mounted read-only.",
+        ).add_rendered(f"{{{node}}}", s.rootfs_read_only)
 
 
 def _render_topology(fams: _Families, s: NodeSnapshot, node: str) -> None:
@@ -168,7 +340,8 @@ def _render_topology(fams: _Families, s: NodeSnapshot, node: str) -> None:
         ]
     )
     fams.get(
-        "topowatch_node_topology", INFO,
+        "topowatch_node_topology",
+        INFO,
         "The node's place in EC2's network topology and its UltraServer, from its Node labels.",
     ).add_rendered("{" + labels + "}", 1)
 
@@ -176,11 +349,28 @@ def _render_topology(fams: _Families, s: NodeSnapshot, node: str) -> None:
 def _render_gpus(fams: _Families, s: NodeSnapshot, node: str) -> None:
     up = fams.get("topowatch_gpu_up", GAUGE, "1 when the GPU answered NVML in the last poll.")
     field_fams = [(f, fams.get(f.name, f.kind, f.help)) for f in GPU_FIELDS]
-    ecc = fams.get("topowatch_gpu_ecc_errors", COUNTER, "ECC errors by type (corrected|uncorrected) and scope (volatile: since driver load; aggregate: lifetime).")
-    remapped = fams.get("topowatch_gpu_remapped_rows", COUNTER, "Rows remapped, by the kind of error that caused it.")
+    ecc = fams.get(
+        "topowatch_gpu_ecc_errors",
+        COUNTER,
+        "ECC errors by type (corrected|uncorrected) and scope"
+        " (volatile: since driver load; aggregate: lifetime).",
+    )
+    remapped = fams.get(
+        "topowatch_gpu_remapped_rows",
+        COUNTER,
+        "Rows remapped, by the kind of error that caused it.",
+    )
     retired = fams.get("topowatch_gpu_retired_pages", COUNTER, "Pages retired, by cause.")
-    reasons = fams.get("topowatch_gpu_clock_event_reason", GAUGE, "1 for each clock-event (throttle) reason active on the GPU.")
-    fabric = fams.get("topowatch_gpu_fabric", INFO, "NVLink fabric registration state, clique and cluster (GB200 class).")
+    reasons = fams.get(
+        "topowatch_gpu_clock_event_reason",
+        GAUGE,
+        "1 for each clock-event (throttle) reason active on the GPU.",
+    )
+    fabric = fams.get(
+        "topowatch_gpu_fabric",
+        INFO,
+        "NVLink fabric registration state, clique and cluster (GB200 class).",
+    )
     prefixes: dict[int, str] = {}
     for g in s.gpu.gpus:
         p = gpu_label_prefix(node, g, s.pods.get(g.uuid, NO_POD))
@@ -220,8 +410,12 @@ def _render_gpus(fams: _Families, s: NodeSnapshot, node: str) -> None:
 
 def _render_nvlinks(fams: _Families, s: NodeSnapshot, node: str) -> None:
     up = fams.get("topowatch_nvlink_up", GAUGE, "1 when the NVLink is active.")
-    field_fams = [(get, fams.get(name, kind, help_text)) for name, kind, help_text, get in NVLINK_FIELDS]
-    remote = fams.get("topowatch_nvlink_remote", INFO, "What the NVLink connects to, as NVML reports it.")
+    field_fams = [
+        (get, fams.get(name, kind, help_text)) for name, kind, help_text, get in NVLINK_FIELDS
+    ]
+    remote = fams.get(
+        "topowatch_nvlink_remote", INFO, "What the NVLink connects to, as NVML reports it."
+    )
     for g in s.gpu.gpus:
         gl = f'{node},gpu="{g.index}",uuid="{_q(g.uuid)}"'
         for lk in g.nvlinks:
@@ -242,17 +436,25 @@ def _render_nvlinks(fams: _Families, s: NodeSnapshot, node: str) -> None:
 
 def _render_xid(fams: _Families, s: NodeSnapshot, prefixes: dict[int, str]) -> None:
     total = fams.get(
-        "topowatch_xid_errors", COUNTER,
-        "XID events seen since the agent started, by XID with the catalog's name and action bucket.",
+        "topowatch_xid_errors",
+        COUNTER,
+        "XID events seen since the agent started, by XID with the catalog's name and"
+        " action bucket.",
     )
     for c in s.xid.counts:
         p = prefixes.get(c.gpu_index)
         if p is None:
             continue
         info = xid_catalog.describe(c.xid)
-        total.add_rendered(f'{{{p},xid="{c.xid}",name="{_q(info.name)}",action="{info.action}"}}', c.count)
+        total.add_rendered(
+            f'{{{p},xid="{c.xid}",name="{_q(info.name)}",action="{info.action}"}}', c.count
+        )
     last = fams.get("topowatch_gpu_last_xid", GAUGE, "The most recent XID on the GPU.")
-    last_ts = fams.get("topowatch_gpu_last_xid_timestamp_seconds", GAUGE, "Unix time of the most recent XID on the GPU.")
+    last_ts = fams.get(
+        "topowatch_gpu_last_xid_timestamp_seconds",
+        GAUGE,
+        "Unix time of the most recent XID on the GPU.",
+    )
     for lx in s.xid.last:
         p = prefixes.get(lx.gpu_index)
         if p is None:
@@ -263,10 +465,19 @@ def _render_xid(fams: _Families, s: NodeSnapshot, prefixes: dict[int, str]) -> N
 
 def _render_affinity(fams: _Families, s: NodeSnapshot, prefixes: dict[int, str]) -> None:
     numa = fams.get("topowatch_gpu_numa", INFO, "The NUMA node the GPU's PCIe slot belongs to.")
-    nearest = fams.get("topowatch_gpu_nearest_efa", INFO, "An EFA device closest to the GPU in the PCIe tree (one series per pair).")
-    procs = fams.get("topowatch_gpu_affinity_processes", GAUGE, "Compute processes on the GPU whose CPU mask was read.")
+    nearest = fams.get(
+        "topowatch_gpu_nearest_efa",
+        INFO,
+        "An EFA device closest to the GPU in the PCIe tree (one series per pair).",
+    )
+    procs = fams.get(
+        "topowatch_gpu_affinity_processes",
+        GAUGE,
+        "Compute processes on the GPU whose CPU mask was read.",
+    )
     off = fams.get(
-        "topowatch_gpu_processes_off_numa", GAUGE,
+        "topowatch_gpu_processes_off_numa",
+        GAUGE,
         "Compute processes on the GPU allowed to run on CPUs outside the GPU's NUMA node.",
     )
     for a in s.affinity:
@@ -288,7 +499,11 @@ def efa_counter_name(counter: str) -> str:
 def _render_efa(fams: _Families, s: NodeSnapshot, node: str) -> None:
     info = fams.get("topowatch_efa_device", INFO, "An EFA device, its PCI address and NUMA node.")
     port_up = fams.get("topowatch_efa_port_up", GAUGE, "1 when the EFA port state is ACTIVE.")
-    port_info = fams.get("topowatch_efa_port", INFO, "EFA port state, physical state and link layer as sysfs reports them.")
+    port_info = fams.get(
+        "topowatch_efa_port",
+        INFO,
+        "EFA port state, physical state and link layer as sysfs reports them.",
+    )
     rate = fams.get("topowatch_efa_port_rate_bytes_per_second", GAUGE, "EFA port signalling rate.")
     counter_fams: dict[str, Family] = {}
 
@@ -303,7 +518,9 @@ def _render_efa(fams: _Families, s: NodeSnapshot, node: str) -> None:
     for d in s.efa:
         dl = f'{node},device="{_q(d.device)}"'
         numa_label = "" if d.numa_node is None else str(d.numa_node)
-        info.add_rendered(f'{{{dl},pci_address="{_q(d.pci_address or "")}",numa_node="{numa_label}"}}', 1)
+        info.add_rendered(
+            f'{{{dl},pci_address="{_q(d.pci_address or "")}",numa_node="{numa_label}"}}', 1
+        )
         for name, v in d.counters.items():
             counter_family(name, "device").add_rendered("{" + dl + "}", v)
         for port in d.ports:
@@ -322,9 +539,15 @@ def _render_efa(fams: _Families, s: NodeSnapshot, node: str) -> None:
 
 
 def _render_numa(fams: _Families, s: NodeSnapshot, node: str) -> None:
-    mem = fams.get("topowatch_numa_memory_bytes", GAUGE, "Per-NUMA-node meminfo, by field (kernel name).")
+    mem = fams.get(
+        "topowatch_numa_memory_bytes", GAUGE, "Per-NUMA-node meminfo, by field (kernel name)."
+    )
     pages = fams.get("topowatch_numa_hugepages", GAUGE, "Per-NUMA-node huge page counts, by field.")
-    stat = fams.get("topowatch_numa_pages", COUNTER, "Per-NUMA-node numastat page allocation counters, by event.")
+    stat = fams.get(
+        "topowatch_numa_pages",
+        COUNTER,
+        "Per-NUMA-node numastat page allocation counters, by event.",
+    )
     cpus = fams.get("topowatch_numa_cpus", GAUGE, "CPUs in the NUMA node.")
     info = fams.get("topowatch_numa_node", INFO, "A NUMA node and its CPU list.")
     for n in s.numa:

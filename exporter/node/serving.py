@@ -136,10 +136,15 @@ def make_app(agent: NodeAgent) -> web.Application:
         return resp
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok\n" if agent.healthy else "poll loop stalled\n", status=200 if agent.healthy else 503)
+        return web.Response(
+            text="ok\n" if agent.healthy else "poll loop stalled\n",
+            status=200 if agent.healthy else 503,
+        )
 
     async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text="ready\n" if agent.ready else "no poll yet\n", status=200 if agent.ready else 503)
+        return web.Response(
+            text="ready\n" if agent.ready else "no poll yet\n", status=200 if agent.ready else 503
+        )
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

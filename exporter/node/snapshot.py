@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-
 # Profiling (GPM) activity keys, each a ratio in [0, 1]; the dcgm-exporter DCGM_FI_PROF_* peers.
 PROFILING_KEYS = (
     "sm_active",
@@ -191,7 +190,9 @@ class EfaPortReading:
     phys_state: str | None = None
     link_layer: str | None = None
     rate_bits_per_second: float | None = None
-    counters: Mapping[str, int] = field(default_factory=dict)  # port-level hw_counters, by kernel name
+    counters: Mapping[str, int] = field(
+        default_factory=dict
+    )  # port-level hw_counters, by kernel name
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +200,9 @@ class EfaDeviceReading:
     device: str  # "rdmap16s27"
     pci_address: str | None = None  # sysfs form, "0000:10:1b.0"
     numa_node: int | None = None
-    counters: Mapping[str, int] = field(default_factory=dict)  # device-level hw_counters, by kernel name
+    counters: Mapping[str, int] = field(
+        default_factory=dict
+    )  # device-level hw_counters, by kernel name
     ports: tuple[EfaPortReading, ...] = ()
     error: str | None = None  # files that held garbage, if any
 
@@ -209,7 +212,9 @@ class NumaNodeReading:
     node: int
     cpus: frozenset[int]
     cpulist: str
-    meminfo_bytes: Mapping[str, int] = field(default_factory=dict)  # "MemTotal" -> bytes; page counts kept as-is
+    meminfo_bytes: Mapping[str, int] = field(
+        default_factory=dict
+    )  # "MemTotal" -> bytes; page counts kept as-is
     numastat: Mapping[str, int] = field(default_factory=dict)  # "numa_hit" -> pages
 
 

@@ -22,9 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-GPU_FAULTS = frozenset(
-    {"gpu-lost", "ecc-dbe", "remap-failure", "thermal", "pcie-degraded"}
-)
+GPU_FAULTS = frozenset({"gpu-lost", "ecc-dbe", "remap-failure", "thermal", "pcie-degraded"})
 LINK_FAULTS = frozenset({"nvlink-down", "nvlink-crc"})
 EFA_FAULTS = frozenset({"efa-missing", "efa-unresponsive"})
 NODE_FAULTS = frozenset({"rootfs-ro"})
@@ -92,7 +90,9 @@ def parse_fault(spec: str) -> Fault:
         if not _EFA.fullmatch(target):
             raise FaultSpecError(f"{spec!r}: expected {head}@DEVICE (e.g. rdmap16s27)")
         return Fault(kind=head, device=target, node=node)
-    raise FaultSpecError(f"{spec!r}: unknown fault kind {head!r} (kinds: {', '.join(sorted(KINDS))})")
+    raise FaultSpecError(
+        f"{spec!r}: unknown fault kind {head!r} (kinds: {', '.join(sorted(KINDS))})"
+    )
 
 
 def parse_faults(specs: Iterable[str]) -> tuple[Fault, ...]:

@@ -6,6 +6,7 @@ production poller, readers and renderers run unchanged against it. Faults are in
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -38,9 +39,13 @@ def validate_faults(profile: HardwareProfile, faults: Sequence[Fault]) -> None:
     efa_names = {e.name for e in profile.efa}
     for f in faults:
         if f.gpu is not None and not 0 <= f.gpu < len(profile.gpus):
-            raise FaultSpecError(f"{f}: {profile.instance_type} has GPUs 0..{len(profile.gpus) - 1}")
+            raise FaultSpecError(
+                f"{f}: {profile.instance_type} has GPUs 0..{len(profile.gpus) - 1}"
+            )
         if f.link is not None and not 0 <= f.link < profile.nvlinks_per_gpu:
-            raise FaultSpecError(f"{f}: {profile.instance_type} has NVLinks 0..{profile.nvlinks_per_gpu - 1}")
+            raise FaultSpecError(
+                f"{f}: {profile.instance_type} has NVLinks 0..{profile.nvlinks_per_gpu - 1}"
+            )
         if f.kind in EFA_FAULTS and f.device not in efa_names:
             sample = ", ".join(sorted(efa_names)[:4])
             raise FaultSpecError(f"{f}: no EFA device {f.device!r} (e.g. {sample}, ...)")
@@ -68,7 +73,11 @@ class SimulatedNode:
         self.profile = profile
         self.clock = SimClock(time.time() if start is None else start)
         self._owns_root = root is None
-        self.root = Path(tempfile.mkdtemp(prefix="topowatch-sim-")) if root is None else root
+        # tmpfs when there is one: writing ~2,800 small files costs 10 ms there, ~350 ms on ext4
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        self.root = (
+            Path(tempfile.mkdtemp(prefix="topowatch-sim-", dir=shm)) if root is None else root
+        )
         self.nvml = SimulatedNvml(profile, faults, seed=seed, clock=self.clock)
         self.sysfs = SimulatedSysfs(self.root, profile, faults, seed=seed)
         self.sysfs.write()

@@ -109,8 +109,12 @@ def _p5() -> HardwareProfile:
                 )
             )
     numa = (
-        NumaSpec(node=0, cpus=tuple(range(0, 48)) + tuple(range(96, 144)), mem_total_bytes=1000 * GIB),
-        NumaSpec(node=1, cpus=tuple(range(48, 96)) + tuple(range(144, 192)), mem_total_bytes=1000 * GIB),
+        NumaSpec(
+            node=0, cpus=tuple(range(0, 48)) + tuple(range(96, 144)), mem_total_bytes=1000 * GIB
+        ),
+        NumaSpec(
+            node=1, cpus=tuple(range(48, 96)) + tuple(range(144, 192)), mem_total_bytes=1000 * GIB
+        ),
     )
     return HardwareProfile(
         instance_type="p5.48xlarge",

@@ -1,0 +1,327 @@
+"""Node agent figures on the p5.48xlarge simulation. Prints numbers; never passes or fails.
+
+    .venv/bin/python benchmarks/node_agent.py [--scrapes 1000] [--steady-seconds 60]
+
+1. Poll cycle CPU: the production poller in this process, CPU time per poll (thread time),
+   with the simulation's own per-poll work (advancing its counters) measured apart.
+2. Render: topowatch's encoder vs prometheus_client's generate_latest on the same families.
+3. Scrapes: the real `topowatch node --simulate p5.48xlarge` in a subprocess and Debian's
+   prometheus-node-exporter (infiniband + meminfo_numa collectors only) reading the *same*
+   simulated sysfs tree; 1,000 scrapes each at 4 concurrent keep-alive clients; p50/p99 and
+   the topowatch / node_exporter ratio.
+4. Steady state: the agent's CPU share of one core at a 5 s interval (scraped every 15 s, as a
+   Prometheus would), and its RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from exporter.node.exposition import COUNTER, INFO, UNTYPED, encode_text  # noqa: E402
+from exporter.node.poller import Poller  # noqa: E402
+from exporter.sim.node import SimulatedNode  # noqa: E402
+from exporter.sim.profiles import get_profile  # noqa: E402
+
+PROFILE = "p5.48xlarge"
+NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def wait_http(port: int, path: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", path)
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing answered on 127.0.0.1:{port}{path}")
+
+
+def scrape_latencies(port: int, scrapes: int, clients: int) -> tuple[list[float], int]:
+    """Latency of each scrape (full body read), clients each on one keep-alive connection."""
+    per_client = scrapes // clients
+    sizes: list[int] = []
+
+    def client(_: int) -> list[float]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        out = []
+        for _ in range(per_client):
+            t0 = time.perf_counter()
+            conn.request("GET", "/metrics")
+            body = conn.getresponse().read()
+            out.append(time.perf_counter() - t0)
+            sizes.append(len(body))
+        conn.close()
+        return out
+
+    with ThreadPoolExecutor(clients) as pool:
+        results = [x for r in pool.map(client, range(clients)) for x in r]
+    return results, int(statistics.median(sizes))
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+
+def proc_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def bench_poll(polls: int) -> None:
+    node = SimulatedNode(get_profile(PROFILE))
+    sources = node.sources()
+    advance = sources.before_poll
+    assert advance is not None
+    sim_cpu: list[float] = []
+
+    def timed_advance(now: float) -> None:
+        t0 = time.thread_time()
+        advance(now)
+        sim_cpu.append(time.thread_time() - t0)
+
+    sources.before_poll = timed_advance
+    poller = Poller("bench-node", sources)
+    clock = [time.time()]
+    poller._clock = lambda: clock[0]
+    cpu: list[float] = []
+    snapshot = exposition = None
+    for _ in range(polls + 3):
+        clock[0] += 5.0
+        t0 = time.thread_time()
+        snapshot, exposition = poller.poll()
+        cpu.append(time.thread_time() - t0)
+    cpu, sim_cpu = cpu[3:], sim_cpu[3:]  # drop warm-up polls
+    agent = [c - s for c, s in zip(cpu, sim_cpu, strict=True)]
+    assert snapshot is not None and exposition is not None
+    samples = exposition.text.count(b"\n") - 2 * exposition.text.count(b"# TYPE")
+    print(
+        f"poll cycle CPU (agent only)   p50 {statistics.median(agent) * 1e3:6.2f} ms"
+        f"   max {max(agent) * 1e3:6.2f} ms   (target <= 25 ms)"
+    )
+    print(
+        f"simulation's own work / poll  p50 {statistics.median(sim_cpu) * 1e3:6.2f} ms"
+        "   (counter files rewritten; not part of the agent on real hardware)"
+    )
+    print(
+        f"exposition                    {samples} samples,"
+        f" {len(exposition.text) / 1024:.0f} KiB text"
+    )
+    bench_render(poller, snapshot)
+    sources.close()
+    node.close()
+
+
+def bench_render(poller: Poller, snapshot: object) -> None:
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        InfoMetricFamily,
+        Metric,
+    )
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    fams = poller.families(snapshot)  # type: ignore[arg-type]
+
+    def parse_labels(text: str) -> dict[str, str]:
+        if not text:
+            return {}
+        out = {}
+        for pair in text[1:-1].split('",'):
+            k, _, v = pair.partition('="')
+            out[k] = v.rstrip('"')
+        return out
+
+    class Same:
+        def collect(self) -> Iterator[Metric]:
+            for f in fams:
+                m: Metric
+                if f.kind == COUNTER:
+                    m = CounterMetricFamily(f.name, f.help)
+                elif f.kind == INFO:
+                    m = InfoMetricFamily(f.name, f.help)
+                else:
+                    m = GaugeMetricFamily(f.name, f.help)
+                for labels, value in f.samples:
+                    m.add_sample(
+                        f.sample_name if f.kind != UNTYPED else f.name,
+                        parse_labels(labels),
+                        float(value),
+                    )
+                yield m
+
+    registry = CollectorRegistry()
+    registry.register(Same())
+
+    def timed(fn: Callable[[], object], n: int = 20) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n
+
+    ours = timed(lambda: encode_text(fams))
+    theirs = timed(lambda: generate_latest(registry))
+    print(
+        f"encode text                   topowatch {ours * 1e3:6.2f} ms   prometheus_client"
+        f" generate_latest {theirs * 1e3:6.2f} ms   ratio {ours / theirs:.2f}"
+    )
+
+
+def start_agent(sim_root: Path, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            str(REPO / ".venv/bin/topowatch"),
+            "--log-level",
+            "WARNING",
+            "node",
+            "--simulate",
+            PROFILE,
+            "--sim-root",
+            str(sim_root),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "5",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def start_node_exporter(sim_root: Path, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            NODE_EXPORTER,
+            f"--path.sysfs={sim_root / 'sys'}",
+            f"--path.procfs={sim_root / 'proc'}",
+            "--collector.disable-defaults",
+            "--collector.infiniband",
+            "--collector.meminfo_numa",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def bench_scrapes(scrapes: int, clients: int, steady_seconds: float) -> None:
+    with tempfile.TemporaryDirectory(prefix="topowatch-bench-") as tmp:
+        sim_root = Path(tmp)
+        agent_port, ne_port = free_port(), free_port()
+        agent = start_agent(sim_root, agent_port)
+        try:
+            wait_http(agent_port, "/readyz")
+            ne = start_node_exporter(sim_root, ne_port) if os.path.exists(NODE_EXPORTER) else None
+            try:
+                results = {}
+                for name, port in (("topowatch", agent_port), ("node_exporter", ne_port)):
+                    if name == "node_exporter":
+                        if ne is None:
+                            print("node_exporter not installed: run scripts/bootstrap.sh")
+                            continue
+                        wait_http(port, "/metrics")
+                    scrape_latencies(port, 40, clients)  # warm up
+                    lat, size = scrape_latencies(port, scrapes, clients)
+                    results[name] = lat
+                    print(
+                        f"scrape {name:<14} p50 {pct(lat, 0.5) * 1e3:6.2f} ms"
+                        f"   p99 {pct(lat, 0.99) * 1e3:6.2f} ms   body {size / 1024:.0f} KiB"
+                        f"   ({scrapes} scrapes, {clients} clients)"
+                    )
+                if len(results) == 2:
+                    a, b = results["topowatch"], results["node_exporter"]
+                    print(
+                        f"scrape ratio topowatch / node_exporter"
+                        f"   p50 {pct(a, 0.5) / pct(b, 0.5):.2f}"
+                        f"   p99 {pct(a, 0.99) / pct(b, 0.99):.2f}   (goal <= 1.0)"
+                    )
+            finally:
+                if ne is not None:
+                    ne.terminate()
+                    ne.wait(5)
+            steady(agent, agent_port, steady_seconds)
+        finally:
+            agent.terminate()
+            agent.wait(10)
+
+
+def steady(agent: subprocess.Popen[bytes], port: int, seconds: float) -> None:
+    time.sleep(5)  # let the scrape burst's garbage settle
+    stop = threading.Event()
+
+    def prometheus_like() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        while not stop.wait(15):
+            conn.request(
+                "GET",
+                "/metrics",
+                headers={
+                    "Accept": "application/openmetrics-text;version=1.0.0",
+                    "Accept-Encoding": "gzip",
+                },
+            )
+            conn.getresponse().read()
+
+    scraper = threading.Thread(target=prometheus_like, daemon=True)
+    cpu0, t0 = proc_cpu_seconds(agent.pid), time.monotonic()
+    scraper.start()
+    time.sleep(seconds)
+    stop.set()
+    share = (proc_cpu_seconds(agent.pid) - cpu0) / (time.monotonic() - t0)
+    print(
+        f"steady CPU at 5 s interval    {share * 100:.2f} % of a core over {seconds:.0f} s"
+        " (includes the simulation's counter updates; target <= 0.5 %)"
+    )
+    print(f"RSS                           {proc_rss_mib(agent.pid):.1f} MiB (target <= 60 MiB)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--polls", type=int, default=50)
+    parser.add_argument("--scrapes", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--steady-seconds", type=float, default=60.0)
+    args = parser.parse_args()
+    print(f"topowatch node agent on the {PROFILE} simulation ({os.cpu_count()} CPUs)")
+    bench_poll(args.polls)
+    bench_scrapes(args.scrapes, args.clients, args.steady_seconds)
+
+
+if __name__ == "__main__":
+    main()

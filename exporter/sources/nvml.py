@@ -1,0 +1,942 @@
+"""The production GPU source: NVML through pynvml (or anything shaped like it).
+
+`NvmlGpuSource(nvml)` reads every GPU once per `read()` and never raises: a missing library or
+driver gives an unavailable inventory (init retried at most every 60 s), a GPU that fails as a
+whole (lost, timed out) is reported `up=False` under its known identity without blanking the
+others, and a field NVML does not support is None, remembered so it costs nothing next poll.
+
+Counters come from one batched `nvmlDeviceGetFieldValues` call per GPU per poll (each value
+carries its own return code): PCIe TX/RX bytes (fields 197/198; `nvmlDeviceGetPcieThroughput`
+is a 20 ms sample, never used), the PCIe replay counter, memory temperature, and per NVLink,
+addressed by scopeId = link index:
+
+* `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX` (138/139), data payload in KiB;
+* `NVML_FI_DEV_NVLINK_ERROR_DL_CRC/_DL_REPLAY/_DL_RECOVERY` (163/161/162) for the flit CRC,
+  replay and recovery counters. These scoped ids are what NVML defines for links past 11: the
+  older per-lane ids (`*_COUNT_L0`..`L11`) stop at link 11 and are unsupported from Hopper on,
+  and there is no scoped data-CRC id, so data CRC errors come from one
+  `nvmlDeviceGetNvLinkErrorCounter(..., NVML_NVLINK_ERROR_DL_CRC_DATA)` call per active link
+  (the API nvidia-smi's `nvlink -e` uses; NOT_SUPPORTED is remembered). NVML 565+ drops the DL
+  ids on Blackwell too (NVLink5 counts errors in the `NVML_FI_DEV_NVLINK_COUNT_*` family, which
+  this model does not carry yet): there the three counters are None.
+
+XIDs arrive on a background thread (`start()`) waiting on an NVML event set; `read()` drains
+them, each event exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import queue
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.node.snapshot import (
+    CLOCK_EVENT_REASONS,
+    PROFILING_KEYS,
+    EccCounts,
+    FabricInfo,
+    GpuInventory,
+    GpuProcess,
+    GpuReading,
+    NvLinkReading,
+    RemappedRows,
+    RetiredPages,
+    XidEvent,
+)
+
+log = logging.getLogger(__name__)
+
+INIT_RETRY_SECONDS = 60.0
+EVENT_WAIT_MS = 500
+KIB = 1024
+MHZ = 1e6
+
+_NA: Any = object()  # "no value": the call failed or is unsupported (None can be a real value)
+
+# CLOCK_EVENT_REASONS name -> suffix of NVML's nvmlClocksEventReason* / ThrottleReason* bits.
+_REASON_SUFFIXES = {
+    "gpu_idle": "GpuIdle",
+    "applications_clocks_setting": "ApplicationsClocksSetting",
+    "sw_power_cap": "SwPowerCap",
+    "hw_slowdown": "HwSlowdown",
+    "sync_boost": "SyncBoost",
+    "sw_thermal_slowdown": "SwThermalSlowdown",
+    "hw_thermal_slowdown": "HwThermalSlowdown",
+    "hw_power_brake_slowdown": "HwPowerBrakeSlowdown",
+    "display_clock_setting": "DisplayClockSetting",
+}
+assert tuple(_REASON_SUFFIXES) == CLOCK_EVENT_REASONS
+
+# PROFILING_KEYS name -> the GPM metric (a percentage) it is read from.
+_GPM_METRICS = {
+    "sm_active": "NVML_GPM_METRIC_SM_UTIL",
+    "sm_occupancy": "NVML_GPM_METRIC_SM_OCCUPANCY",
+    "tensor_active": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+    "dram_active": "NVML_GPM_METRIC_DRAM_BW_UTIL",
+    "fp64_active": "NVML_GPM_METRIC_FP64_UTIL",
+    "fp32_active": "NVML_GPM_METRIC_FP32_UTIL",
+    "fp16_active": "NVML_GPM_METRIC_FP16_UTIL",
+}
+assert tuple(_GPM_METRICS) == PROFILING_KEYS
+
+# Field ids read in the batch, with nvml.h's numbers for pynvml releases that predate them.
+_FIELD_IDS = {
+    "PCIE_COUNT_TX_BYTES": 197,
+    "PCIE_COUNT_RX_BYTES": 198,
+    "PCIE_REPLAY_COUNTER": 94,
+    "MEMORY_TEMP": 82,
+    "NVLINK_THROUGHPUT_DATA_TX": 138,
+    "NVLINK_THROUGHPUT_DATA_RX": 139,
+    "NVLINK_ERROR_DL_CRC": 163,
+    "NVLINK_ERROR_DL_REPLAY": 161,
+    "NVLINK_ERROR_DL_RECOVERY": 162,
+}
+_GPU_FIELDS = ("PCIE_COUNT_TX_BYTES", "PCIE_COUNT_RX_BYTES", "PCIE_REPLAY_COUNTER", "MEMORY_TEMP")
+_LINK_FIELDS = (
+    "NVLINK_THROUGHPUT_DATA_TX",
+    "NVLINK_THROUGHPUT_DATA_RX",
+    "NVLINK_ERROR_DL_CRC",
+    "NVLINK_ERROR_DL_REPLAY",
+    "NVLINK_ERROR_DL_RECOVERY",
+)
+_FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+_REMOTE_TYPES = {0x00: "gpu", 0x01: "ibmnpu", 0x02: "switch", 0xFF: "unknown"}
+# c_nvmlValue_t member holding a field value, by nvmlValueType_t.
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+class _GpuDown(Exception):
+    """The GPU as a whole cannot be read this poll (lost, timed out, needs reset)."""
+
+
+class _NvmlGone(Exception):
+    """NVML itself stopped working (driver unloaded, library mismatch): re-initialise."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Codes:
+    """NVML return codes and field ids, looked up once on the module in use."""
+
+    success: int
+    unsupported: frozenset[int]  # the field/function does not exist here: stop asking
+    field_dead: frozenset[int]  # a field id or scope (link) that does not exist here
+    gpu_down: frozenset[int]  # the GPU failed as a whole
+    nvml_gone: frozenset[int]  # NVML failed as a whole
+    timeout: int
+    fields: Mapping[str, int]
+
+    @classmethod
+    def of(cls, nvml: Any) -> _Codes:
+        def codes(*names: str) -> frozenset[int]:
+            found = (getattr(nvml, f"NVML_ERROR_{n}", None) for n in names)
+            return frozenset(int(c) for c in found if c is not None)
+
+        unsupported = codes("NOT_SUPPORTED", "FUNCTION_NOT_FOUND", "ARGUMENT_VERSION_MISMATCH")
+        return cls(
+            success=int(nvml.NVML_SUCCESS),
+            unsupported=unsupported,
+            field_dead=unsupported | codes("INVALID_ARGUMENT"),
+            gpu_down=codes("GPU_IS_LOST", "TIMEOUT", "RESET_REQUIRED", "IRQ_ISSUE"),
+            nvml_gone=codes("UNINITIALIZED", "DRIVER_NOT_LOADED", "LIB_RM_VERSION_MISMATCH"),
+            timeout=int(nvml.NVML_ERROR_TIMEOUT),
+            fields={n: int(getattr(nvml, f"NVML_FI_DEV_{n}", i)) for n, i in _FIELD_IDS.items()},
+        )
+
+
+@dataclass(slots=True)
+class _Gpm:
+    """Two GPM samples used alternately (previous, current) and a reusable request."""
+
+    samples: list[Any]
+    request: Any
+    primed: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Device:
+    """What is known about one GPU between polls."""
+
+    index: int
+    handle: Any
+    key: int  # handle address, to map event handles back to the GPU
+    uuid: str
+    pci_bus_id: str
+    model: str
+    enum_error: str | None = None  # identity incomplete: retry enumeration next poll
+    pcie_max: tuple[int | None, int | None] | None = None  # static, read once
+    links: tuple[int, ...] | None = None  # existing NVLinks, discovered once
+    remote: dict[int, tuple[str | None, str | None]] = field(default_factory=dict)
+    unsupported: set[str] = field(default_factory=set)  # calls answered NOT_SUPPORTED
+    dead_fields: set[tuple[int, int]] = field(default_factory=set)  # (field id, scope)
+    request: list[tuple[int, int]] | None = None  # field-value request, rebuilt on change
+    gpm: _Gpm | None = None
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _handle_key(handle: Any) -> int:
+    """The address behind an NVML device handle (event data carries a fresh copy of it)."""
+    try:
+        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
+
+
+def _ratio(percent: float) -> float:
+    return min(1.0, max(0.0, percent / 100.0))
+
+
+def _init_reason(nvml: Any, exc: BaseException) -> str:
+    """A plain sentence for why NVML could not start, for the inventory and the logs."""
+    code = getattr(exc, "value", None)
+    reasons = {
+        "LIBRARY_NOT_FOUND": "NVML library libnvidia-ml.so.1 not found (no NVIDIA driver "
+        "installed, or the library is not mounted into the container)",
+        "DRIVER_NOT_LOADED": "NVIDIA kernel driver is not loaded",
+        "NO_PERMISSION": "no permission to open the NVIDIA device files",
+        "LIB_RM_VERSION_MISMATCH": "NVML library and kernel driver versions differ "
+        "(driver updated without a reboot?)",
+        "GPU_NOT_FOUND": "NVML found no supported GPU",
+    }
+    for name, reason in reasons.items():
+        if code is not None and code == getattr(nvml, f"NVML_ERROR_{name}", None):
+            return reason
+    return f"NVML initialisation failed: {exc}"
+
+
+class NvmlGpuSource:
+    """GpuSource over NVML. `read()` polls; `start()` adds XID events; `close()` ends both."""
+
+    def __init__(
+        self,
+        nvml: Any = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        init_retry_seconds: float = INIT_RETRY_SECONDS,
+    ) -> None:
+        if nvml is None:
+            import pynvml
+
+            nvml = pynvml
+        self._nvml = nvml
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._init_retry = init_retry_seconds
+        self._codes = _Codes.of(nvml)
+        self._error_types: tuple[type[BaseException], ...] = (nvml.NVMLError,)
+        mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+        self._mismatch: tuple[type[BaseException], ...] = (mismatch,) if mismatch else ()
+        self._reason_bits = self._reason_table(nvml)
+        # Read field values through a hook-free twin of pynvml's struct (same layout, built from
+        # its _fields_): pynvml's Python-level __getattribute__ would triple the batch's cost.
+        self._plain_field: Any = type(
+            "_PlainFieldValue", (ctypes.Structure,), {"_fields_": nvml.c_nvmlFieldValue_t._fields_}
+        )
+        self._gpm_ids = tuple(int(getattr(nvml, m)) for m in _GPM_METRICS.values())
+        self._lock = threading.Lock()  # guards _devices/_by_key against the XID thread
+        self._initialized = False
+        self._init_error: str | None = None
+        self._next_init = 0.0
+        self._driver_version: str | None = None
+        self._devices: list[_Device] = []
+        self._by_key: dict[int, _Device] = {}
+        self._generation = 0
+        self._identity: dict[int, tuple[str, str, str]] = {}  # index -> uuid, bus id, model
+        self._down: dict[int, str] = {}  # GPUs last seen down, for logging transitions
+        self._errors: list[str] = []  # field-level errors of the GPU being read
+        self._internal_error: str | None = None
+        self._lost_error: str | None = None  # why NVML last failed after a good init
+        self._wait_error: str | None = None
+        self._xids: queue.SimpleQueue[XidEvent] = queue.SimpleQueue()
+        self._xid_error: str | None = None
+        self._ready = threading.Event()  # devices enumerated: the XID thread may register
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _reason_table(nvml: Any) -> tuple[tuple[int, str], ...]:
+        table = []
+        for name, suffix in _REASON_SUFFIXES.items():
+            bit = getattr(nvml, f"nvmlClocksEventReason{suffix}", None)
+            if bit is None:
+                bit = getattr(nvml, f"nvmlClocksThrottleReason{suffix}", None)
+            if bit is not None:
+                table.append((int(bit), name))
+        return tuple(table)
+
+    @property
+    def xid_error(self) -> str | None:
+        """Why XID events are not being received, if they are not."""
+        return self._xid_error
+
+    # ----- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the XID event thread (idempotent)."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._xid_loop, name="nvml-xid", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the XID thread, free GPM samples and shut NVML down."""
+        self._stop.set()
+        self._ready.set()
+        if self._thread is not None:
+            self._thread.join(timeout=EVENT_WAIT_MS / 1000 * 4)
+            self._thread = None
+        with self._lock:
+            self._forget_devices()
+            if self._initialized:
+                self._initialized = False
+                try:
+                    self._nvml.nvmlShutdown()
+                except self._error_types as e:
+                    log.debug("nvmlShutdown failed: %s", e)
+
+    # ----- read ------------------------------------------------------------------------------
+
+    def read(self) -> GpuInventory:
+        try:
+            return self._read()
+        except Exception as e:  # read() must never raise: a bug, logged once per distinct error
+            error = f"internal error reading NVML: {e!r}"
+            if error != self._internal_error:
+                log.exception("unexpected error reading NVML")
+            self._internal_error = error
+            return GpuInventory(available=False, error=error)
+
+    def _read(self) -> GpuInventory:
+        if not self._initialized and not self._try_init():
+            return GpuInventory(available=False, error=self._init_error)
+        try:
+            self._enumerate()
+            gpus = tuple(self._read_gpu(dev) for dev in list(self._devices))
+        except _NvmlGone as e:
+            return self._lost_nvml(str(e))
+        except self._error_types as e:
+            if getattr(e, "value", None) in self._codes.nvml_gone:
+                return self._lost_nvml(str(e))
+            return GpuInventory(
+                available=False,
+                error=f"NVML device enumeration failed: {e}",
+                driver_version=self._driver_version,
+            )
+        if self._lost_error is not None:
+            log.info("NVML working again after: %s", self._lost_error)
+            self._lost_error = None
+        self._internal_error = None
+        return GpuInventory(
+            available=True,
+            driver_version=self._driver_version,
+            gpus=gpus,
+            xid_events=self._drain_xids(),
+        )
+
+    def _try_init(self) -> bool:
+        now = self._clock()
+        if now < self._next_init:
+            return False
+        try:
+            self._nvml.nvmlInit()
+        except Exception as e:  # NVMLError, or anything a broken install throws
+            reason = _init_reason(self._nvml, e)
+            if reason != self._init_error:
+                log.warning(
+                    "NVML unavailable: %s (retrying every %.0f s)", reason, self._init_retry
+                )
+            self._init_error = reason
+            self._next_init = now + self._init_retry
+            return False
+        if self._init_error is not None:
+            log.info("NVML initialised after earlier failure (%s)", self._init_error)
+        self._initialized = True
+        self._init_error = None
+        self._driver_version = self._read_driver_version()
+        return True
+
+    def _read_driver_version(self) -> str | None:
+        try:
+            return _text(self._nvml.nvmlSystemGetDriverVersion())
+        except self._error_types as e:
+            log.warning("cannot read driver version: %s", e)
+            return None
+
+    def _lost_nvml(self, reason: str) -> GpuInventory:
+        """NVML broke under us: drop all state and re-initialise on the normal schedule."""
+        error = f"NVML stopped working: {reason}"
+        if error != self._lost_error:
+            log.warning("%s; re-initialising", error)
+        self._lost_error = error
+        with self._lock:
+            self._forget_devices()
+            self._initialized = False
+        self._next_init = self._clock()
+        return GpuInventory(available=False, error=error)
+
+    def _drain_xids(self) -> tuple[XidEvent, ...]:
+        events = []
+        while True:
+            try:
+                events.append(self._xids.get_nowait())
+            except queue.Empty:
+                return tuple(events)
+
+    # ----- enumeration -----------------------------------------------------------------------
+
+    def _enumerate(self) -> None:
+        """Enumerate on first use and whenever the GPU count changes; retry broken entries."""
+        count = int(self._nvml.nvmlDeviceGetCount())
+        if count != len(self._devices):
+            if self._devices:
+                log.warning("GPU count changed from %d to %d", len(self._devices), count)
+            devices = [self._enumerate_one(i) for i in range(count)]
+            with self._lock:
+                self._forget_devices()
+                self._install(devices)
+            return
+        broken = [i for i, d in enumerate(self._devices) if d.enum_error is not None]
+        if broken:
+            devices = list(self._devices)
+            for i in broken:
+                devices[i] = self._enumerate_one(i)
+            with self._lock:
+                self._install(devices)
+
+    def _install(self, devices: list[_Device]) -> None:
+        self._devices = devices
+        self._by_key = {d.key: d for d in devices if d.handle is not None}
+        self._generation += 1
+        self._ready.set()
+
+    def _enumerate_one(self, index: int) -> _Device:
+        n = self._nvml
+        uuid, bus_id, model = self._identity.get(index, ("", "", ""))
+        handle: Any = None
+        try:
+            handle = n.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(n.nvmlDeviceGetUUID(handle))
+            bus_id = _text(n.nvmlDeviceGetPciInfo(handle).busId)
+            model = _text(n.nvmlDeviceGetName(handle))
+        except self._error_types as e:
+            self._check_nvml(e)
+            key = _handle_key(handle) if handle is not None else -1 - index
+            return _Device(index, handle, key, uuid, bus_id, model, enum_error=str(e))
+        self._identity[index] = (uuid, bus_id, model)
+        return _Device(index, handle, _handle_key(handle), uuid, bus_id, model)
+
+    def _forget_devices(self) -> None:
+        """Free what NVML allocated for the current devices (caller holds the lock)."""
+        for dev in self._devices:
+            if dev.gpm is not None:
+                for sample in dev.gpm.samples:
+                    with contextlib.suppress(*self._error_types):
+                        self._nvml.nvmlGpmSampleFree(sample)
+                dev.gpm = None
+        self._devices = []
+        self._by_key = {}
+        self._ready.clear()
+
+    def _check_nvml(self, exc: BaseException) -> None:
+        if getattr(exc, "value", None) in self._codes.nvml_gone:
+            raise _NvmlGone(str(exc)) from exc
+
+    # ----- one GPU ---------------------------------------------------------------------------
+
+    def _call(self, dev: _Device, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """One NVML call for one field: its value, or `_NA` (NOT_SUPPORTED is remembered).
+
+        Errors that fail the whole GPU raise `_GpuDown`; other errors are noted on the reading.
+        """
+        if name in dev.unsupported:
+            return _NA
+        try:
+            return fn(*args)
+        except self._error_types as e:
+            code = getattr(e, "value", None)
+            if code in self._codes.unsupported:
+                dev.unsupported.add(name)
+                log.debug("GPU %d: %s not supported (%s)", dev.index, name, e)
+            elif code in self._codes.gpu_down:
+                raise _GpuDown(f"{name}: {e}") from e
+            else:
+                self._check_nvml(e)
+                self._errors.append(f"{name}: {e}")
+            return _NA
+        except self._mismatch as e:
+            dev.unsupported.add(name)
+            log.debug("GPU %d: %s unavailable (%s)", dev.index, name, e)
+            return _NA
+
+    def _read_gpu(self, dev: _Device) -> GpuReading:
+        if dev.handle is None:
+            return self._down_reading(dev, dev.enum_error or "GPU handle unavailable")
+        self._errors = []
+        try:
+            reading = self._read_up(dev)
+        except _GpuDown as e:
+            return self._down_reading(dev, str(e))
+        if dev.index in self._down:
+            log.info("GPU %d (%s) readable again", dev.index, dev.uuid)
+            del self._down[dev.index]
+        return reading
+
+    def _down_reading(self, dev: _Device, error: str) -> GpuReading:
+        if self._down.get(dev.index) != error:
+            log.warning(
+                "GPU %d (%s, %s) cannot be read: %s", dev.index, dev.uuid, dev.pci_bus_id, error
+            )
+            self._down[dev.index] = error
+        return GpuReading(
+            index=dev.index,
+            uuid=dev.uuid,
+            pci_bus_id=dev.pci_bus_id,
+            model=dev.model,
+            up=False,
+            error=error,
+        )
+
+    def _read_up(self, dev: _Device) -> GpuReading:
+        n, h = self._nvml, dev.handle
+        self._discover(dev)
+        fields = self._read_fields(dev)
+        util = self._call(dev, "utilization", n.nvmlDeviceGetUtilizationRates, h)
+        memory = self._call(dev, "memory", n.nvmlDeviceGetMemoryInfo, h)
+        power = self._call(dev, "power", n.nvmlDeviceGetPowerUsage, h)
+        energy = self._call(dev, "energy", n.nvmlDeviceGetTotalEnergyConsumption, h)
+        temp = self._call(dev, "temperature", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
+        sm = self._call(dev, "clock_sm", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM)
+        mem_clock = self._call(dev, "clock_mem", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM)
+        gen = self._call(dev, "pcie_gen", n.nvmlDeviceGetCurrPcieLinkGeneration, h)
+        width = self._call(dev, "pcie_width", n.nvmlDeviceGetCurrPcieLinkWidth, h)
+        gen_max, width_max = dev.pcie_max or (None, None)
+        f = self._codes.fields
+        return GpuReading(
+            index=dev.index,
+            uuid=dev.uuid,
+            pci_bus_id=dev.pci_bus_id,
+            model=dev.model,
+            up=True,
+            utilization_gpu_ratio=None if util is _NA else _ratio(util.gpu),
+            utilization_memory_ratio=None if util is _NA else _ratio(util.memory),
+            memory_used_bytes=None if memory is _NA else int(memory.used),
+            memory_free_bytes=None if memory is _NA else int(memory.free),
+            memory_total_bytes=None if memory is _NA else int(memory.total),
+            power_watts=None if power is _NA else power / 1000.0,
+            energy_joules=None if energy is _NA else energy / 1000.0,
+            temperature_gpu_celsius=None if temp is _NA else float(temp),
+            temperature_memory_celsius=_float(fields.get((f["MEMORY_TEMP"], 0))),
+            clock_sm_hz=None if sm is _NA else sm * MHZ,
+            clock_memory_hz=None if mem_clock is _NA else mem_clock * MHZ,
+            clock_event_reasons=self._reasons(dev),
+            pcie_link_gen_current=None if gen is _NA else int(gen),
+            pcie_link_gen_max=gen_max,
+            pcie_link_width_current=None if width is _NA else int(width),
+            pcie_link_width_max=width_max,
+            pcie_replays=_int(fields.get((f["PCIE_REPLAY_COUNTER"], 0))),
+            pcie_tx_bytes=_int(fields.get((f["PCIE_COUNT_TX_BYTES"], 0))),
+            pcie_rx_bytes=_int(fields.get((f["PCIE_COUNT_RX_BYTES"], 0))),
+            ecc=self._ecc(dev),
+            remapped_rows=self._remapped_rows(dev),
+            retired_pages=self._retired_pages(dev),
+            profiling=self._profiling(dev),
+            fabric=self._fabric(dev),
+            nvlinks=self._nvlinks(dev, fields),
+            processes=self._processes(dev),
+            error="; ".join(self._errors) or None,
+        )
+
+    def _discover(self, dev: _Device) -> None:
+        """Static facts, read once per enumeration: PCIe maxima and which NVLinks exist."""
+        n, h = self._nvml, dev.handle
+        if dev.pcie_max is None:
+            gen = self._call(dev, "pcie_gen_max", n.nvmlDeviceGetMaxPcieLinkGeneration, h)
+            width = self._call(dev, "pcie_width_max", n.nvmlDeviceGetMaxPcieLinkWidth, h)
+            dev.pcie_max = (None if gen is _NA else int(gen), None if width is _NA else int(width))
+        if dev.links is None:
+            dev.links = tuple(
+                link for link in range(int(n.NVML_NVLINK_MAX_LINKS)) if self._link_exists(dev, link)
+            )
+            dev.request = None
+
+    def _link_exists(self, dev: _Device, link: int) -> bool:
+        try:
+            self._nvml.nvmlDeviceGetNvLinkState(dev.handle, link)
+        except self._error_types as e:
+            code = getattr(e, "value", None)
+            if code in self._codes.gpu_down:
+                dev.links = None
+                raise _GpuDown(f"nvlink discovery: {e}") from e
+            self._check_nvml(e)
+            return False
+        return True
+
+    # ----- batched field values --------------------------------------------------------------
+
+    def _field_request(self, dev: _Device) -> list[tuple[int, int]]:
+        if dev.request is None:
+            f = self._codes.fields
+            wanted = [(f[name], 0) for name in _GPU_FIELDS]
+            wanted += [(f[name], link) for link in dev.links or () for name in _LINK_FIELDS]
+            dev.request = [w for w in wanted if w not in dev.dead_fields]
+        return dev.request
+
+    def _read_fields(self, dev: _Device) -> dict[tuple[int, int], float]:
+        """All counters in one nvmlDeviceGetFieldValues call, honouring each value's return."""
+        request = self._field_request(dev)
+        if not request:
+            return {}
+        values = self._call(
+            dev, "field_values", self._nvml.nvmlDeviceGetFieldValues, dev.handle, request
+        )
+        if values is _NA:
+            return {}
+        with contextlib.suppress(TypeError):  # a non-ctypes test double is read as it is
+            values = (self._plain_field * len(request)).from_buffer(values)
+        out: dict[tuple[int, int], float] = {}
+        codes = self._codes
+        for slot_id, slot in zip(request, values, strict=False):
+            ret = slot.nvmlReturn
+            if ret == codes.success and 0 <= slot.valueType < len(_VALUE_MEMBERS):
+                out[slot_id] = getattr(slot.value, _VALUE_MEMBERS[slot.valueType])
+            elif ret in codes.field_dead:
+                dev.dead_fields.add(slot_id)
+                dev.request = None
+            elif ret in codes.gpu_down:
+                raise _GpuDown(f"field values: {self._nvml.NVMLError(ret)}")
+            else:
+                self._errors.append(f"field {slot_id[0]}/{slot_id[1]}: {self._nvml.NVMLError(ret)}")
+        return out
+
+    # ----- grouped readings ------------------------------------------------------------------
+
+    def _reasons(self, dev: _Device) -> frozenset[str] | None:
+        n, h = self._nvml, dev.handle
+        mask = self._call(dev, "clock_events", n.nvmlDeviceGetCurrentClocksEventReasons, h)
+        if mask is _NA and "clock_events" in dev.unsupported:
+            mask = self._call(dev, "clock_throttle", n.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+        if mask is _NA:
+            return None
+        return frozenset(name for bit, name in self._reason_bits if mask & bit)
+
+    def _ecc(self, dev: _Device) -> EccCounts:
+        n, h = self._nvml, dev.handle
+        counts = []
+        for err_name, err in (
+            ("corrected", n.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ("uncorrected", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+        ):
+            for counter_name, counter in (
+                ("volatile", n.NVML_VOLATILE_ECC),
+                ("aggregate", n.NVML_AGGREGATE_ECC),
+            ):
+                value = self._call(
+                    dev,
+                    f"ecc_{err_name}_{counter_name}",
+                    n.nvmlDeviceGetTotalEccErrors,
+                    h,
+                    err,
+                    counter,
+                )
+                counts.append(None if value is _NA else int(value))
+        return EccCounts(
+            corrected_volatile=counts[0],
+            corrected_aggregate=counts[1],
+            uncorrected_volatile=counts[2],
+            uncorrected_aggregate=counts[3],
+        )
+
+    def _remapped_rows(self, dev: _Device) -> RemappedRows | None:
+        rows = self._call(dev, "remapped_rows", self._nvml.nvmlDeviceGetRemappedRows, dev.handle)
+        if rows is _NA:
+            return None
+        corrected, uncorrected, pending, failure = rows
+        return RemappedRows(int(corrected), int(uncorrected), bool(pending), bool(failure))
+
+    def _retired_pages(self, dev: _Device) -> RetiredPages | None:
+        n, h = self._nvml, dev.handle
+        if "retired_pages" in dev.unsupported:
+            return None
+        sbe = self._call(
+            dev,
+            "retired_pages",
+            n.nvmlDeviceGetRetiredPages,
+            h,
+            n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        )
+        if sbe is _NA:
+            return None
+        dbe = self._call(
+            dev,
+            "retired_pages",
+            n.nvmlDeviceGetRetiredPages,
+            h,
+            n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+        )
+        pending = self._call(
+            dev, "retired_pages_pending", n.nvmlDeviceGetRetiredPagesPendingStatus, h
+        )
+        if dbe is _NA or pending is _NA:
+            return None
+        return RetiredPages(len(sbe), len(dbe), bool(pending))
+
+    def _processes(self, dev: _Device) -> tuple[GpuProcess, ...] | None:
+        procs = self._call(
+            dev, "processes", self._nvml.nvmlDeviceGetComputeRunningProcesses, dev.handle
+        )
+        if procs is _NA:
+            return None
+        return tuple(
+            GpuProcess(
+                pid=int(p.pid),
+                used_memory_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+            )
+            for p in procs
+        )
+
+    def _fabric(self, dev: _Device) -> FabricInfo | None:
+        """Fabric registration (GB200 NVL): the versioned call where the driver has it."""
+        n, h = self._nvml, dev.handle
+        if "fabric" in dev.unsupported:
+            return None
+        if hasattr(n, "nvmlDeviceGetGpuFabricInfoV") and "fabric_v" not in dev.unsupported:
+            info = n.c_nvmlGpuFabricInfoV_t()
+            if (
+                self._call(dev, "fabric_v", n.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(info))
+                is not _NA
+            ):
+                return self._fabric_info(info)
+            if "fabric_v" not in dev.unsupported:
+                return None
+        info = n.c_nvmlGpuFabricInfo_t()
+        if self._call(dev, "fabric", n.nvmlDeviceGetGpuFabricInfo, h, ctypes.byref(info)) is _NA:
+            return None
+        return self._fabric_info(info)
+
+    def _fabric_info(self, info: Any) -> FabricInfo:
+        state = _FABRIC_STATES.get(int(info.state), "not_supported")
+        if state != "completed":
+            return FabricInfo(state=state, healthy=None)
+        raw = bytes(info.clusterUuid)
+        return FabricInfo(
+            state=state,
+            healthy=int(info.status) == self._codes.success,
+            clique_id=int(info.cliqueId),
+            cluster_uuid=str(uuidlib.UUID(bytes=raw)) if any(raw) else None,
+        )
+
+    def _profiling(self, dev: _Device) -> Mapping[str, float] | None:
+        """GPM metrics between the previous poll's sample and this one's."""
+        gpm = self._gpm(dev)
+        if gpm is None:
+            return None
+        n = self._nvml
+        previous, current = gpm.samples
+        if self._call(dev, "gpm_sample", n.nvmlGpmSampleGet, dev.handle, current) is _NA:
+            gpm.primed = False
+            return None
+        result: dict[str, float] | None = None
+        if gpm.primed:
+            gpm.request.sample1 = previous
+            gpm.request.sample2 = current
+            if self._call(dev, "gpm_metrics", n.nvmlGpmMetricsGet, gpm.request) is not _NA:
+                result = {}
+                for i, key in enumerate(PROFILING_KEYS):
+                    metric = gpm.request.metrics[i]
+                    if metric.nvmlReturn == self._codes.success:
+                        result[key] = _ratio(metric.value)
+        gpm.samples.reverse()
+        gpm.primed = True
+        return result or None
+
+    def _gpm(self, dev: _Device) -> _Gpm | None:
+        if dev.gpm is not None or "gpm" in dev.unsupported:
+            return dev.gpm
+        n = self._nvml
+        support = self._call(dev, "gpm", n.nvmlGpmQueryDeviceSupport, dev.handle)
+        if support is _NA:
+            return None
+        if not support.isSupportedDevice:
+            dev.unsupported.add("gpm")
+            return None
+        try:
+            samples = [n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc()]
+        except self._error_types as e:
+            dev.unsupported.add("gpm")
+            log.warning("GPU %d: cannot allocate GPM samples: %s", dev.index, e)
+            return None
+        request = n.c_nvmlGpmMetricsGet_t()
+        request.version = n.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(self._gpm_ids)
+        for i, metric_id in enumerate(self._gpm_ids):
+            request.metrics[i].metricId = metric_id
+        dev.gpm = _Gpm(samples=samples, request=request)
+        return dev.gpm
+
+    def _nvlinks(
+        self, dev: _Device, fields: Mapping[tuple[int, int], float]
+    ) -> tuple[NvLinkReading, ...]:
+        n, h, f = self._nvml, dev.handle, self._codes.fields
+        readings = []
+        for link in dev.links or ():
+            state = self._call(dev, f"nvlink_state_{link}", n.nvmlDeviceGetNvLinkState, h, link)
+            up = None if state is _NA else int(state) == int(n.NVML_FEATURE_ENABLED)
+            remote_bus, remote_type = self._remote(dev, link, up)
+            crc_data = (
+                _NA
+                if not up
+                else self._call(
+                    dev,
+                    "nvlink_crc_data",
+                    n.nvmlDeviceGetNvLinkErrorCounter,
+                    h,
+                    link,
+                    n.NVML_NVLINK_ERROR_DL_CRC_DATA,
+                )
+            )
+            tx, rx = (
+                fields.get((f["NVLINK_THROUGHPUT_DATA_TX"], link)),
+                fields.get((f["NVLINK_THROUGHPUT_DATA_RX"], link)),
+            )
+            readings.append(
+                NvLinkReading(
+                    link=link,
+                    up=up,
+                    tx_bytes=None if tx is None else int(tx) * KIB,
+                    rx_bytes=None if rx is None else int(rx) * KIB,
+                    crc_flit_errors=_int(fields.get((f["NVLINK_ERROR_DL_CRC"], link))),
+                    crc_data_errors=None if crc_data is _NA else int(crc_data),
+                    replay_errors=_int(fields.get((f["NVLINK_ERROR_DL_REPLAY"], link))),
+                    recovery_errors=_int(fields.get((f["NVLINK_ERROR_DL_RECOVERY"], link))),
+                    remote_pci_bus_id=remote_bus,
+                    remote_device_type=remote_type,
+                )
+            )
+        return tuple(readings)
+
+    def _remote(self, dev: _Device, link: int, up: bool | None) -> tuple[str | None, str | None]:
+        """What a link connects to: static, so asked once per enumeration (once it is up)."""
+        cached = dev.remote.get(link)
+        if cached is not None or not up:
+            return cached or (None, None)
+        n, h = self._nvml, dev.handle
+        pci = self._call(dev, "nvlink_remote_pci", n.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
+        kind = self._call(dev, "nvlink_remote_type", n.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
+        result = (
+            None if pci is _NA else _text(pci.busId),
+            None if kind is _NA else _REMOTE_TYPES.get(int(kind), "unknown"),
+        )
+        if pci is not _NA or "nvlink_remote_pci" in dev.unsupported:
+            dev.remote[link] = result
+        return result
+
+    # ----- XID events ------------------------------------------------------------------------
+
+    def _xid_loop(self) -> None:
+        """Wait on one NVML event set for XIDs; register GPUs as they are enumerated."""
+        event_set: Any = None
+        registered: set[int] = set()
+        generation = -1
+        while not self._stop.is_set():
+            if not self._ready.wait(timeout=EVENT_WAIT_MS / 1000) or self._stop.is_set():
+                continue
+            if event_set is None:
+                event_set = self._create_event_set()
+                registered, generation = set(), -1
+                if event_set is None:
+                    self._stop.wait(INIT_RETRY_SECONDS)
+                    continue
+            with self._lock:
+                devices, current = list(self._devices), self._generation
+            if current != generation:
+                self._register(event_set, devices, registered)
+                generation = current
+            if not self._wait_event(event_set):
+                self._free_event_set(event_set)
+                event_set = None
+                self._stop.wait(1.0)
+        self._free_event_set(event_set)
+
+    def _create_event_set(self) -> Any:
+        try:
+            return self._nvml.nvmlEventSetCreate()
+        except self._error_types as e:
+            self._set_xid_error(f"cannot create NVML event set, XIDs will not be reported: {e}")
+            return None
+
+    def _register(self, event_set: Any, devices: list[_Device], registered: set[int]) -> None:
+        """Register each GPU not yet in the set, once per enumeration."""
+        n = self._nvml
+        failed = []
+        for dev in devices:
+            if dev.handle is None or dev.key in registered:
+                continue
+            try:
+                n.nvmlDeviceRegisterEvents(dev.handle, n.nvmlEventTypeXidCriticalError, event_set)
+                registered.add(dev.key)
+            except self._error_types as e:
+                failed.append(f"GPU {dev.index}: {e}")
+        self._set_xid_error(
+            f"XID events not registered for {', '.join(failed)}" if failed else None
+        )
+
+    def _set_xid_error(self, reason: str | None) -> None:
+        if reason != self._xid_error:
+            if reason is not None:
+                log.warning("%s", reason)
+            else:
+                log.info("XID events registered for all GPUs")
+        self._xid_error = reason
+
+    def _free_event_set(self, event_set: Any) -> None:
+        if event_set is None:
+            return
+        try:
+            self._nvml.nvmlEventSetFree(event_set)
+        except self._error_types as e:
+            log.debug("nvmlEventSetFree failed: %s", e)
+
+    def _wait_event(self, event_set: Any) -> bool:
+        """Wait once for an event and queue it. False when the event set stopped working."""
+        try:
+            data = self._nvml.nvmlEventSetWait_v2(event_set, EVENT_WAIT_MS)
+        except self._error_types as e:
+            if getattr(e, "value", None) == self._codes.timeout:
+                self._wait_error = None
+                return True
+            if not self._stop.is_set() and str(e) != self._wait_error:
+                log.warning("waiting for NVML events failed (%s); recreating the event set", e)
+            self._wait_error = str(e)
+            return False
+        self._wait_error = None
+        if int(data.eventType) & int(self._nvml.nvmlEventTypeXidCriticalError):
+            with self._lock:
+                dev = self._by_key.get(_handle_key(data.device))
+            self._xids.put(
+                XidEvent(
+                    gpu_index=-1 if dev is None else dev.index,
+                    uuid="" if dev is None else dev.uuid,
+                    xid=int(data.eventData),
+                    timestamp=self._wall_clock(),
+                )
+            )
+        return True
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,69 @@
+"""Shared fixtures: real promtool, simulated nodes, pollers."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter.node.poller import Poller
+from exporter.sim.faults import parse_faults
+from exporter.sim.node import SimulatedNode
+from exporter.sim.profiles import get_profile
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+
+
+def promtool_lint(exposition: bytes) -> str:
+    """Run the real `promtool check metrics`; return its complaints ('' when clean)."""
+    binary = shutil.which("promtool")
+    if binary is None:
+        pytest.fail("promtool missing: run scripts/bootstrap.sh (Debian package prometheus)")
+    proc = subprocess.run(
+        [binary, "check", "metrics"], input=exposition, capture_output=True, timeout=60
+    )
+    complaints = (proc.stdout + proc.stderr).decode().strip()
+    if proc.returncode != 0 and not complaints:
+        complaints = f"promtool exited {proc.returncode}"
+    return complaints
+
+
+class SimHarness:
+    """A simulated node and a poller over it, with simulated time stepping by `interval`."""
+
+    def __init__(
+        self, profile: str, faults: tuple[str, ...], tmp: Path, compat: frozenset[str]
+    ) -> None:
+        self.node = SimulatedNode(
+            get_profile(profile), parse_faults(faults), root=tmp, start=1_750_000_000.0
+        )
+        self.sources = self.node.sources()
+        self.now = 1_750_000_000.0
+        self.poller = Poller("sim-node-1", self.sources, compat=compat, clock=lambda: self.now)
+
+    def poll(self, step: float = 5.0):  # type: ignore[no-untyped-def]
+        self.now += step
+        return self.poller.poll()
+
+    def close(self) -> None:
+        self.sources.close()
+        self.node.close()
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[object]:
+    made: list[SimHarness] = []
+
+    def make(
+        profile: str = "p5.48xlarge", *faults: str, compat: frozenset[str] = frozenset()
+    ) -> SimHarness:
+        h = SimHarness(profile, faults, tmp_path / f"sim{len(made)}", compat)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()

@@ -1,0 +1,460 @@
+"""NvmlGpuSource over the simulated NVML library, for both hardware profiles.
+
+The simulation counts every NVML function called and every field id requested, so these tests
+check not only what a user sees in the readings but also how the source asked for it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pynvml
+import pytest
+
+from exporter.node.snapshot import PROFILING_KEYS, GpuInventory, XidEvent
+from exporter.sim.faults import Fault, parse_fault
+from exporter.sim.nvml import SimulatedNvml
+from exporter.sim.profiles import HardwareProfile, get_profile
+from exporter.sources.nvml import NvmlGpuSource
+
+PROFILES = ("p5.48xlarge", "p6e-gb200.36xlarge")
+BUS_ID = re.compile(r"^[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Rig:
+    """A simulated node's NVML and the source reading it, on one fake clock."""
+
+    def __init__(self, profile: HardwareProfile, faults: Sequence[Fault], **sim: Any) -> None:
+        self.profile = profile
+        self.clock = FakeClock()
+        self.sim = SimulatedNvml(profile, faults, seed=7, clock=self.clock, **sim)
+        self.source = NvmlGpuSource(self.sim, clock=self.clock)
+
+    def read(self, advance: float = 0.0) -> GpuInventory:
+        self.clock.advance(advance)
+        inventory = self.source.read()
+        assert inventory.available, inventory.error
+        return inventory
+
+
+@pytest.fixture
+def rig() -> Iterator[Callable[..., Rig]]:
+    made: list[Rig] = []
+
+    def make(profile: str = "p5.48xlarge", *faults: str, **sim: Any) -> Rig:
+        r = Rig(get_profile(profile), [parse_fault(f) for f in faults], **sim)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.source.close()
+
+
+def wait_for_xids(rig: Rig, count: int, timeout: float = 3.0) -> list[XidEvent]:
+    """Read until `count` XIDs arrived (the event thread runs in real time), then once more."""
+    events: list[XidEvent] = []
+    deadline = time.monotonic() + timeout
+    while len(events) < count and time.monotonic() < deadline:
+        events += rig.read().xid_events
+        time.sleep(0.02)
+    time.sleep(0.1)
+    events += rig.read().xid_events
+    return events
+
+
+# ----- identity and normal readings ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_gpu_is_enumerated_with_its_identity(rig: Callable[..., Rig], name: str) -> None:
+    r = rig(name)
+    inv = r.read()
+    assert inv.error is None
+    assert inv.driver_version == r.profile.driver_version
+    assert [g.index for g in inv.gpus] == list(range(r.profile.expected_gpus))
+    assert [g.pci_bus_id for g in inv.gpus] == [s.pci_bus_id for s in r.profile.gpus]
+    assert [g.uuid for g in inv.gpus] == [r.sim.uuid_of(i) for i in range(len(inv.gpus))]
+    assert len({g.uuid for g in inv.gpus}) == len(inv.gpus)
+    assert all(g.uuid.startswith("GPU-") for g in inv.gpus)
+    assert {g.model for g in inv.gpus} == {r.profile.gpu_model}
+    assert all(g.up and g.error is None for g in inv.gpus)
+
+
+def test_p5_has_eight_h100() -> None:
+    profile = get_profile("p5.48xlarge")
+    source = NvmlGpuSource(SimulatedNvml(profile), clock=FakeClock())
+    try:
+        inv = source.read()
+    finally:
+        source.close()
+    assert len(inv.gpus) == 8
+    assert inv.gpus[0].pci_bus_id == "00000000:53:00.0"
+    assert inv.gpus[0].model == "NVIDIA H100 80GB HBM3"
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_gpu_has_18_nvlinks_up_to_nvswitches(rig: Callable[..., Rig], name: str) -> None:
+    inv = rig(name).read()
+    for gpu in inv.gpus:
+        assert [link.link for link in gpu.nvlinks] == list(range(18))
+        assert all(link.up is True for link in gpu.nvlinks)
+        assert {link.remote_device_type for link in gpu.nvlinks} == {"switch"}
+        assert all(BUS_ID.match(link.remote_pci_bus_id or "") for link in gpu.nvlinks)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_readings_are_plausible(rig: Callable[..., Rig], name: str) -> None:
+    r = rig(name)
+    p = r.profile
+    for gpu in r.read().gpus:
+        assert gpu.utilization_gpu_ratio is not None and 0 <= gpu.utilization_gpu_ratio <= 1
+        assert gpu.utilization_memory_ratio is not None and 0 <= gpu.utilization_memory_ratio <= 1
+        assert gpu.power_watts is not None and 0 < gpu.power_watts <= p.gpu_power_limit_watts
+        assert gpu.temperature_gpu_celsius is not None and 35 <= gpu.temperature_gpu_celsius <= 80
+        assert gpu.temperature_memory_celsius is not None
+        assert gpu.memory_total_bytes == p.gpu_memory_bytes
+        assert gpu.memory_used_bytes is not None and gpu.memory_free_bytes is not None
+        assert gpu.memory_used_bytes + gpu.memory_free_bytes == p.gpu_memory_bytes
+        assert gpu.clock_sm_hz == p.gpu_max_sm_clock_mhz * 1e6
+        assert gpu.clock_memory_hz == p.gpu_max_mem_clock_mhz * 1e6
+        assert gpu.clock_event_reasons == frozenset()
+        assert (gpu.pcie_link_gen_current, gpu.pcie_link_gen_max) == (p.pcie_gen_max,) * 2
+        assert (gpu.pcie_link_width_current, gpu.pcie_link_width_max) == (p.pcie_width_max,) * 2
+        assert gpu.ecc.uncorrected_volatile == 0 and gpu.ecc.corrected_volatile is not None
+        assert gpu.remapped_rows is not None and not gpu.remapped_rows.failure
+        assert gpu.retired_pages is None  # page retirement: NOT_SUPPORTED since Ampere
+        assert gpu.processes is not None
+        assert [proc.pid for proc in gpu.processes] == [40000 + gpu.index]
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_counters_increase_as_time_passes(rig: Callable[..., Rig], name: str) -> None:
+    r = rig(name)
+    before = r.read().gpus
+    after = r.read(advance=10.0).gpus
+    for old, new in zip(before, after, strict=True):
+        for attr in ("energy_joules", "pcie_tx_bytes", "pcie_rx_bytes"):
+            assert getattr(new, attr) > getattr(old, attr), attr
+        for old_link, new_link in zip(old.nvlinks, new.nvlinks, strict=True):
+            assert old_link.tx_bytes is not None and new_link.tx_bytes is not None
+            assert old_link.rx_bytes is not None and new_link.rx_bytes is not None
+            rate = (new_link.tx_bytes - old_link.tx_bytes) / 10.0
+            assert 5e9 < rate < 60e9  # tens of GB/s per link under a training load
+            assert new_link.rx_bytes > old_link.rx_bytes
+        watts = (new.energy_joules - old.energy_joules) / 10.0  # type: ignore[operator]
+        assert 0.1 * r.profile.gpu_power_limit_watts < watts < r.profile.gpu_power_limit_watts
+
+
+# ----- how the source asks -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_one_batched_field_values_call_per_gpu_per_poll(rig: Callable[..., Rig], name: str) -> None:
+    r = rig(name)
+    for _ in range(3):
+        r.read(advance=5.0)
+    gpus = r.profile.expected_gpus
+    assert r.sim.calls["nvmlDeviceGetFieldValues"] == 3 * gpus
+
+
+def test_pcie_bytes_come_from_field_values_not_throughput(rig: Callable[..., Rig]) -> None:
+    r = rig()
+    inv = r.read()
+    r.read(advance=5.0)
+    assert all(g.pcie_tx_bytes and g.pcie_rx_bytes for g in inv.gpus)
+    assert r.sim.calls["nvmlDeviceGetPcieThroughput"] == 0
+    assert r.sim.field_requests[pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES] == 2 * 8
+    assert r.sim.field_requests[pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES] == 2 * 8
+
+
+def test_nvlinks_are_discovered_once_and_remote_info_is_cached(rig: Callable[..., Rig]) -> None:
+    r = rig()
+    for _ in range(3):
+        r.read(advance=5.0)
+    discovery = 8 * pynvml.NVML_NVLINK_MAX_LINKS
+    assert r.sim.calls["nvmlDeviceGetNvLinkState"] == discovery + 3 * 8 * 18
+    assert r.sim.calls["nvmlDeviceGetNvLinkRemotePciInfo"] == 8 * 18
+    assert r.sim.calls["nvmlDeviceGetNvLinkRemoteDeviceType"] == 8 * 18
+
+
+def test_unsupported_call_leaves_its_value_none_and_is_not_retried(rig: Callable[..., Rig]) -> None:
+    r = rig(unsupported={"nvmlDeviceGetPowerUsage"})
+    r.read()
+    inv = r.read(advance=5.0)
+    assert all(g.up and g.error is None for g in inv.gpus)
+    assert all(g.power_watts is None for g in inv.gpus)
+    assert all(g.energy_joules is not None for g in inv.gpus)
+    assert r.sim.calls["nvmlDeviceGetPowerUsage"] == 8  # asked once per GPU, then remembered
+
+
+def test_unsupported_field_value_leaves_it_none_and_drops_it(rig: Callable[..., Rig]) -> None:
+    r = rig(unsupported_fields={pynvml.NVML_FI_DEV_MEMORY_TEMP})
+    for _ in range(3):
+        inv = r.read(advance=5.0)
+        assert all(g.up and g.error is None for g in inv.gpus)
+        assert all(g.temperature_memory_celsius is None for g in inv.gpus)
+        assert all(g.pcie_tx_bytes is not None for g in inv.gpus)
+    assert r.sim.field_requests[pynvml.NVML_FI_DEV_MEMORY_TEMP] == 8
+
+
+# ----- GPM and fabric ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_gpm_profiling_ratios_between_polls(rig: Callable[..., Rig], name: str) -> None:
+    r = rig(name)
+    assert all(g.profiling is None for g in r.read().gpus)  # no previous sample yet
+    for _ in range(3):
+        for gpu in r.read(advance=5.0).gpus:
+            assert gpu.profiling is not None
+            assert set(gpu.profiling) == set(PROFILING_KEYS)
+            assert all(0.0 <= v <= 1.0 for v in gpu.profiling.values())
+            assert gpu.profiling["sm_active"] > 0.1
+    assert r.sim.calls["nvmlGpmSampleAlloc"] == 2 * r.profile.expected_gpus
+
+
+def test_gpm_samples_are_freed_on_close(rig: Callable[..., Rig]) -> None:
+    r = rig()
+    r.read()
+    r.source.close()
+    assert r.sim.calls["nvmlGpmSampleFree"] == r.sim.calls["nvmlGpmSampleAlloc"] == 16
+    assert r.sim.calls["nvmlShutdown"] == 1
+
+
+def test_fabric_info_on_gb200_only(rig: Callable[..., Rig]) -> None:
+    assert all(g.fabric is None for g in rig("p5.48xlarge").read().gpus)
+    for gpu in rig("p6e-gb200.36xlarge").read().gpus:
+        assert gpu.fabric is not None
+        assert gpu.fabric.state == "completed"
+        assert gpu.fabric.healthy is True
+        assert gpu.fabric.clique_id is not None
+        assert re.fullmatch(r"[0-9a-f-]{36}", gpu.fabric.cluster_uuid or "")
+
+
+# ----- faults ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_lost_gpu_is_down_and_the_others_are_fully_read(rig: Callable[..., Rig], name: str) -> None:
+    r = rig(name)
+    known = r.read().gpus[2]
+    fault = parse_fault("gpu-lost@gpu2")
+    r.sim.inject(fault)
+    inv = r.read(advance=5.0)
+    lost = inv.gpus[2]
+    assert not lost.up and lost.error and "GPU is lost" in lost.error
+    assert (lost.uuid, lost.pci_bus_id, lost.model) == (known.uuid, known.pci_bus_id, known.model)
+    assert lost.power_watts is None and lost.nvlinks == ()
+    others = [g for g in inv.gpus if g.index != 2]
+    assert len(others) == r.profile.expected_gpus - 1
+    for gpu in others:
+        assert gpu.up and gpu.error is None
+        assert gpu.power_watts is not None and gpu.ecc.corrected_volatile is not None
+        assert gpu.profiling is not None and len(gpu.nvlinks) == 18
+    r.sim.clear(fault)
+    assert all(g.up for g in r.read(advance=5.0).gpus)
+
+
+def test_gpu_lost_from_the_start_does_not_blank_the_others(rig: Callable[..., Rig]) -> None:
+    inv = rig("p5.48xlarge", "gpu-lost@gpu6").read()
+    assert [g.up for g in inv.gpus] == [True] * 6 + [False, True]
+    assert inv.gpus[6].index == 6 and "GPU is lost" in (inv.gpus[6].error or "")
+
+
+def test_a_timing_out_gpu_is_down_alone(rig: Callable[..., Rig]) -> None:
+    inv = rig(timeouts={5}).read()
+    assert not inv.gpus[5].up and "Timeout" in (inv.gpus[5].error or "")
+    assert all(g.up for g in inv.gpus if g.index != 5)
+
+
+def test_xid_is_delivered_exactly_once(rig: Callable[..., Rig]) -> None:
+    r = rig("p5.48xlarge", "xid=79@gpu3")
+    r.source.start()
+    events = wait_for_xids(r, 1)
+    assert [(e.gpu_index, e.uuid, e.xid) for e in events] == [(3, r.sim.uuid_of(3), 79)]
+    assert events[0].timestamp == pytest.approx(time.time(), abs=60)
+    time.sleep(0.6)
+    assert r.read().xid_events == ()
+
+
+def test_the_same_xid_twice_is_two_events(rig: Callable[..., Rig]) -> None:
+    r = rig("p6e-gb200.36xlarge")
+    r.source.start()
+    r.read()
+    r.sim.inject(parse_fault("xid=48@gpu1"))
+    r.sim.inject(parse_fault("xid=48@gpu1"))
+    events = wait_for_xids(r, 2)
+    assert [(e.gpu_index, e.xid) for e in events] == [(1, 48), (1, 48)]
+
+
+def test_no_event_set_means_no_xids_but_everything_else(rig: Callable[..., Rig]) -> None:
+    r = rig("p5.48xlarge", "xid=79@gpu3", event_set_error=pynvml.NVML_ERROR_NOT_SUPPORTED)
+    r.source.start()
+    inv = r.read()
+    deadline = time.monotonic() + 3.0
+    while r.source.xid_error is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "event set" in (r.source.xid_error or "")
+    assert all(g.up for g in inv.gpus) and inv.xid_events == ()
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_nvlink_down(rig: Callable[..., Rig], name: str) -> None:
+    r = rig(name, "nvlink-down@gpu0:link3")
+    before = r.read().gpus[0].nvlinks
+    after = r.read(advance=10.0).gpus[0].nvlinks
+    assert after[3].up is False
+    assert all(link.up for link in after if link.link != 3)
+    assert after[3].tx_bytes == before[3].tx_bytes  # no traffic through a down link
+    assert after[4].tx_bytes > before[4].tx_bytes  # type: ignore[operator]
+
+
+def test_nvlink_crc_storm_on_hopper(rig: Callable[..., Rig]) -> None:
+    r = rig("p5.48xlarge", "nvlink-crc@gpu1:link0")
+    r.read()
+    links = r.read(advance=10.0).gpus[1].nvlinks
+    assert (links[0].crc_flit_errors or 0) >= 10_000
+    assert (links[0].replay_errors or 0) >= 1_000
+    assert links[1].crc_flit_errors == 0 and links[1].replay_errors == 0
+    assert links[0].up is True
+
+
+def test_blackwell_has_no_dl_error_fields(rig: Callable[..., Rig]) -> None:
+    """NVML 565+ dropped the per-link DL error fields on Blackwell: None, links still up."""
+    r = rig("p6e-gb200.36xlarge", "nvlink-crc@gpu1:link0")
+    r.read()
+    gpu = r.read(advance=5.0).gpus[1]
+    assert gpu.up and gpu.error is None
+    assert all(link.crc_flit_errors is None and link.up for link in gpu.nvlinks)
+    assert all(link.tx_bytes is not None for link in gpu.nvlinks)
+    assert r.sim.field_requests[pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC] == 4 * 18  # then dropped
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_thermal_slowdown(rig: Callable[..., Rig], name: str) -> None:
+    r = rig(name, "thermal@gpu1")
+    gpus = r.read().gpus
+    hot = gpus[1]
+    assert hot.clock_event_reasons is not None
+    assert {"hw_thermal_slowdown", "sw_thermal_slowdown"} <= hot.clock_event_reasons
+    assert hot.temperature_gpu_celsius is not None and hot.temperature_gpu_celsius >= 90
+    assert hot.clock_sm_hz is not None and hot.clock_sm_hz < r.profile.gpu_max_sm_clock_mhz * 1e6
+    assert gpus[0].clock_event_reasons == frozenset()
+
+
+def test_ecc_double_bit_errors(rig: Callable[..., Rig]) -> None:
+    r = rig("p5.48xlarge", "ecc-dbe@gpu1")
+    first = r.read().gpus[1]
+    later = r.read(advance=60.0).gpus[1]
+    assert first.ecc.uncorrected_volatile is not None and first.ecc.uncorrected_volatile > 0
+    assert first.ecc.uncorrected_aggregate is not None and first.ecc.uncorrected_aggregate > 0
+    assert later.ecc.uncorrected_volatile > first.ecc.uncorrected_volatile  # type: ignore[operator]
+    assert first.remapped_rows is not None
+    assert first.remapped_rows.uncorrected == 1 and first.remapped_rows.pending
+    assert r.read().gpus[0].ecc.uncorrected_volatile == 0
+
+
+def test_remap_failure(rig: Callable[..., Rig]) -> None:
+    gpus = rig("p5.48xlarge", "remap-failure@gpu4").read().gpus
+    assert gpus[4].remapped_rows is not None and gpus[4].remapped_rows.failure
+    assert all(g.remapped_rows and not g.remapped_rows.failure for g in gpus if g.index != 4)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_pcie_degraded(rig: Callable[..., Rig], name: str) -> None:
+    r = rig(name, "pcie-degraded@gpu2")
+    gpu = r.read().gpus[2]
+    assert (gpu.pcie_link_gen_current, gpu.pcie_link_width_current) == (3, 8)
+    assert (gpu.pcie_link_gen_max, gpu.pcie_link_width_max) == (
+        r.profile.pcie_gen_max,
+        r.profile.pcie_width_max,
+    )
+
+
+# ----- NVML itself unavailable --------------------------------------------------------------------
+
+
+def test_init_failure_then_recovery(rig: Callable[..., Rig]) -> None:
+    r = rig(init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    inv = r.source.read()
+    assert not inv.available and inv.gpus == ()
+    assert inv.error and "driver is not loaded" in inv.error
+    r.sim.init_error = None  # the driver comes back ...
+    r.clock.advance(30.0)
+    assert not r.source.read().available  # ... but init is retried at most once a minute
+    assert r.sim.calls["nvmlInit"] == 1
+    r.clock.advance(31.0)
+    inv = r.source.read()
+    assert inv.available and len(inv.gpus) == 8 and inv.error is None
+    assert r.sim.calls["nvmlInit"] == 2
+
+
+def test_nvml_failing_after_init_is_reinitialised(rig: Callable[..., Rig]) -> None:
+    r = rig()
+    r.read()
+    r.sim.nvmlShutdown()  # NVML torn down under the source: every call is UNINITIALIZED
+    inv = r.source.read()
+    assert not inv.available and "NVML stopped working" in (inv.error or "")
+    inv = r.read(advance=5.0)
+    assert len(inv.gpus) == 8 and all(g.up for g in inv.gpus)
+    assert r.sim.calls["nvmlInit"] == 2
+
+
+def test_real_pynvml_without_a_gpu_reports_unavailable() -> None:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        pass
+    else:
+        pytest.skip("this machine has an NVIDIA driver")
+    source = NvmlGpuSource()
+    source.start()
+    try:
+        inv = source.read()
+        assert not inv.available
+        assert inv.error and "libnvidia-ml.so.1 not found" in inv.error
+        assert not source.read().available  # retried later, not raised
+    finally:
+        source.close()
+
+
+# ----- the simulation as a pynvml stand-in --------------------------------------------------------
+
+
+def test_simulation_raises_pynvml_errors_and_exposes_its_constants() -> None:
+    sim = SimulatedNvml(get_profile("p5.48xlarge"), [parse_fault("gpu-lost@gpu0")])
+    sim.nvmlInit()
+    handle = sim.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        sim.nvmlDeviceGetPowerUsage(handle)
+    assert sim.NVML_FI_DEV_MEMORY_TEMP == pynvml.NVML_FI_DEV_MEMORY_TEMP
+    assert sim.c_nvmlFieldValue_t is pynvml.c_nvmlFieldValue_t
+    with pytest.raises(AttributeError):
+        sim.nvmlDeviceGetBAR1MemoryInfo  # noqa: B018  (not simulated: must not reach libnvidia-ml)
+
+
+def test_full_read_is_cheap(rig: Callable[..., Rig]) -> None:
+    """The agent's whole poll budget is 25 ms CPU; NVML (simulated) must take a fraction."""
+    r = rig()
+    r.read()
+    start = time.process_time()
+    for _ in range(20):
+        r.read(advance=5.0)
+    per_read = (time.process_time() - start) / 20
+    assert per_read < 0.015
