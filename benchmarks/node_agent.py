@@ -194,10 +194,10 @@ def bench_render(poller: Poller, snapshot: object) -> None:
             fn()
         return (time.perf_counter() - t0) / n
 
-    ours = timed(lambda: encode_text(fams))
+    ours = timed(lambda: encode_text(poller.families(snapshot)))  # type: ignore[arg-type]
     theirs = timed(lambda: generate_latest(registry))
     print(
-        f"encode text                   topowatch {ours * 1e3:6.2f} ms   prometheus_client"
+        f"render+encode text            topowatch {ours * 1e3:6.2f} ms   prometheus_client"
         f" generate_latest {theirs * 1e3:6.2f} ms   ratio {ours / theirs:.2f}"
     )
 
@@ -274,6 +274,7 @@ def bench_scrapes(scrapes: int, clients: int, steady_seconds: float) -> None:
                     ne.terminate()
                     ne.wait(5)
             steady(agent, agent_port, steady_seconds)
+            bench_production_rss(sim_root)
         finally:
             agent.terminate()
             agent.wait(10)
@@ -307,6 +308,43 @@ def steady(agent: subprocess.Popen[bytes], port: int, seconds: float) -> None:
         " (includes the simulation's counter updates; target <= 0.5 %)"
     )
     print(f"RSS                           {proc_rss_mib(agent.pid):.1f} MiB (target <= 60 MiB)")
+
+
+def bench_production_rss(sim_root: Path) -> None:
+    """RSS of the agent as it runs on a real node (no simulation imported): NVML (absent
+    here), sysfs, the kubelet client and the Kubernetes client, serving."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            str(REPO / ".venv/bin/topowatch"),
+            "--log-level",
+            "ERROR",
+            "node",
+            "--sysfs-root",
+            str(sim_root / "sys"),
+            "--proc-root",
+            str(sim_root / "proc"),
+            "--pod-resources-socket",
+            str(sim_root / "kubelet.sock"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "5",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_http(port, "/readyz")
+        scrape_latencies(port, 20, 1)
+        time.sleep(1)
+        print(
+            f"RSS, production mode          {proc_rss_mib(proc.pid):.1f} MiB (no simulation loaded;"
+            " EFA/NUMA from the simulated tree, no GPU on this machine)"
+        )
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def main() -> None:

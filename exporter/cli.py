@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from exporter.sim.profiles import PROFILES, get_profile
 log = logging.getLogger("topowatch")
 
 DEFAULT_NODE_PORT = 9402
+ONCE_SETTLE_SECONDS = 1.0
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -63,7 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         help="inject a fault into the simulation (repeatable), e.g. xid=79@gpu3",
     )
-    node.add_argument("--once", action="store_true", help="poll once, print the exposition, exit")
+    node.add_argument(
+        "--once",
+        action="store_true",
+        help="poll (twice, 1 s apart, so rates and events settle), print the exposition, exit",
+    )
     node.add_argument(
         "--listen", type=parse_listen, default=("0.0.0.0", DEFAULT_NODE_PORT), metavar="HOST:PORT"
     )
@@ -157,6 +162,10 @@ def run_node(args: argparse.Namespace) -> int:
     agent = NodeAgent(poller, interval=args.interval)
     try:
         if args.once:
+            # Two polls: GPM ratios and rates need two samples, and XIDs need the event
+            # waiter registered, which happens once the first poll has enumerated the GPUs.
+            agent.poll_once()
+            time.sleep(ONCE_SETTLE_SECONDS)
             agent.poll_once()
             sys.stdout.buffer.write(agent.current.text)
             return 0
@@ -168,7 +177,7 @@ def run_node(args: argparse.Namespace) -> int:
                 snapshot.gpu.error,
             )
         host, port = args.listen
-        asyncio.run(serve(agent, host, port))
+        serve(agent, host, port)
         return 0
     except KeyboardInterrupt:
         return 0
