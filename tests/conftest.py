@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -14,7 +15,22 @@ from exporter.sim.faults import parse_faults
 from exporter.sim.node import SimulatedNode
 from exporter.sim.profiles import get_profile
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+# The shared reference data sits beside the checkout (../shared), in CI as in development.
+REFERENCE = Path(
+    os.environ.get(
+        "TOPOWATCH_REFERENCE", Path(__file__).resolve().parents[2] / "shared" / "reference"
+    )
+)
+
+
+def reference(relative: str) -> Path:
+    path = REFERENCE / relative
+    if not path.exists():
+        pytest.fail(
+            f"reference data {path} missing:"
+            " check out shared/ beside the repo or set TOPOWATCH_REFERENCE"
+        )
+    return path
 
 
 def promtool_lint(exposition: bytes) -> str:

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.sources.sysfs import EFA_DEVICE_COUNTERS, EFA_PORT_COUNTERS
-from tests.conftest import REFERENCE, SimHarness, promtool_lint
+from tests.conftest import SimHarness, promtool_lint, reference
 
 Sim = Callable[..., SimHarness]
 Series = list[tuple[dict[str, str], float]]
@@ -343,7 +343,7 @@ def test_compat_dcgm_names_are_dcgm_exporters_defaults(sim: Sim) -> None:
     _, exposition = h.poll()
     found = series(exposition.text)
     defaults = set()
-    with (REFERENCE / "nvidia" / "dcgm-exporter-default-counters.csv").open() as f:
+    with reference("nvidia/dcgm-exporter-default-counters.csv").open() as f:
         for row in csv.reader(f):
             if row and not row[0].lstrip().startswith("#") and row[1].strip() != "label":
                 defaults.add(row[0].strip())

@@ -29,9 +29,9 @@ from exporter.sources.sysfs import (
     read_process_cpus,
     read_rootfs_read_only,
 )
+from tests.conftest import reference
 
 PROFILES = ("p5.48xlarge", "p6e-gb200.36xlarge")
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "efa"
 
 
 @pytest.fixture(params=PROFILES)
@@ -54,10 +54,7 @@ def _by_name(sim: SimulatedSysfs) -> dict[str, EfaDeviceReading]:
 
 
 def test_counter_names_are_the_kernels_in_kernel_order() -> None:
-    ref = REFERENCE / "efa-hw-counters.txt"
-    if not ref.exists():
-        pytest.skip("shared reference not checked out")
-    text = ref.read_text()
+    text = reference("efa/efa-hw-counters.txt").read_text()
     device = re.search(r"^# EFA_DEFINE_DEVICE_STATS:\s*(.+)$", text, re.M)
     port = re.search(r"^# EFA_DEFINE_PORT_STATS:\s*(.+)$", text, re.M)
     assert device and port

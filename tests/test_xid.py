@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 from exporter.node.snapshot import XidEvent
 from exporter.node.xid import XidLedger, catalog, describe
-
-REFERENCE = (
-    Path(__file__).resolve().parents[2] / "shared" / "reference" / "nvidia" / "xid-catalog.csv"
-)
+from tests.conftest import reference
 
 
 def test_repeated_xid_is_a_counter_increase_and_last_is_kept() -> None:
@@ -28,13 +24,12 @@ def test_catalog_matches_reference_actions() -> None:
     assert describe(48).action == "WORKFLOW_XID_48"
     assert describe(13).action == "RESTART_APP"
     assert describe(119).severity == "FATAL"
-    if REFERENCE.exists():  # the shared reference sits beside the checkout in CI and dev
-        with REFERENCE.open(newline="") as f:
-            ref = {int(r["xid"]): r for r in csv.DictReader(f)}
-        assert set(ref) == set(catalog())
-        for code, row in ref.items():
-            assert row["recommended_action"].startswith(catalog()[code].action)
-            assert row["name"].startswith(catalog()[code].name)
+    with reference("nvidia/xid-catalog.csv").open(newline="") as f:
+        ref = {int(r["xid"]): r for r in csv.DictReader(f)}
+    assert set(ref) == set(catalog())
+    for code, row in ref.items():
+        assert row["recommended_action"].startswith(catalog()[code].action)
+        assert row["name"].startswith(catalog()[code].name)
 
 
 def test_unknown_xid_is_reported_not_dropped() -> None:
