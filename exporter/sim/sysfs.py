@@ -89,28 +89,26 @@ _RENAME_EXCHANGE = 2
 _WRITE_SHARE, _SEND_SHARE, _READ_SHARE = 0.85, 0.10, 0.05
 
 
+# efa_link_gbps_to_speed_and_width(): the first row whose floor the rate reaches wins.
+_LINK_SPEEDS = (
+    (1600, "XDR", 8),
+    (800, "NDR", 8),
+    (400, "HDR", 8),
+    (200, "HDR", 4),
+    (120, "FDR10", 12),
+    (100, "EDR", 4),
+    (60, "DDR", 12),
+    (50, "HDR", 1),
+    (40, "FDR10", 4),
+    (30, "SDR", 12),
+)
+
+
 def _link_speed_width(gbps: int) -> tuple[str, int]:
-    """efa_link_gbps_to_speed_and_width(): (IB speed name, lane count)."""
-    if gbps >= 1600:
-        return "XDR", 8
-    if gbps >= 800:
-        return "NDR", 8
-    if gbps >= 400:
-        return "HDR", 8
-    if gbps >= 200:
-        return "HDR", 4
-    if gbps >= 120:
-        return "FDR10", 12
-    if gbps >= 100:
-        return "EDR", 4
-    if gbps >= 60:
-        return "DDR", 12
-    if gbps >= 50:
-        return "HDR", 1
-    if gbps >= 40:
-        return "FDR10", 4
-    if gbps >= 30:
-        return "SDR", 12
+    """The EFA driver's (IB speed name, lane count) for a link rate."""
+    for floor, speed, width in _LINK_SPEEDS:
+        if gbps >= floor:
+            return speed, width
     return "EDR", 1
 
 

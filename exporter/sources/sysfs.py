@@ -245,23 +245,8 @@ def _read_port(ports_fd: int, number: int, errors: list[str]) -> EfaPortReading 
         return None
     where = f"ports/{number}"
     try:
-        state_code: int | None = None
-        state: str | None = None
-        raw = _read_small(port_fd, "state", where, errors)
-        if raw is not None:
-            parsed = _parse_numbered(raw)
-            if parsed is None:
-                errors.append(f"{where}/state: malformed")
-            else:
-                state_code, state = parsed
-        phys_state: str | None = None
-        raw = _read_small(port_fd, "phys_state", where, errors)
-        if raw is not None:
-            parsed = _parse_numbered(raw)
-            if parsed is None:
-                errors.append(f"{where}/phys_state: malformed")
-            else:
-                phys_state = parsed[1]
+        state_code, state = _read_numbered(port_fd, "state", where, errors)
+        _, phys_state = _read_numbered(port_fd, "phys_state", where, errors)
         link_layer: str | None = None
         raw = _read_small(port_fd, "link_layer", where, errors)
         if raw is not None:
@@ -303,6 +288,20 @@ def _read_small(dir_fd: int, name: str, where: str, errors: list[str]) -> str | 
     finally:
         os.close(fd)
     return data.decode("ascii", "replace")
+
+
+def _read_numbered(
+    dir_fd: int, name: str, where: str, errors: list[str]
+) -> tuple[int | None, str | None]:
+    """A "4: ACTIVE"-style port attribute: (code, text), (None, None) if absent or malformed."""
+    raw = _read_small(dir_fd, name, where, errors)
+    if raw is None:
+        return None, None
+    parsed = _parse_numbered(raw)
+    if parsed is None:
+        errors.append(f"{where}/{name}: malformed")
+        return None, None
+    return parsed
 
 
 def _parse_numbered(text: str) -> tuple[int, str] | None:
