@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
-from kubernetes import client as k8s_client
 
 from exporter.node.poller import NodeSources, Poller
 from exporter.sources.kube import NodeLabelsWatcher, StaticNodeLabels
+from exporter.sources.kubeapi import KubeApi
 from exporter.sources.nvml import NvmlGpuSource
 from exporter.sources.podresources import KubeletPodResources
 from tests.conftest import SimHarness, promtool_lint
@@ -154,8 +154,7 @@ def _closed_port() -> int:
 
 def test_unreachable_api_server_keeps_serving_with_empty_topology(sim: Sim) -> None:
     h = sim("p5.48xlarge")
-    config = k8s_client.Configuration(host=f"http://127.0.0.1:{_closed_port()}")
-    api = k8s_client.CoreV1Api(k8s_client.ApiClient(config))
+    api = KubeApi(host=f"http://127.0.0.1:{_closed_port()}")
     watcher = NodeLabelsWatcher(
         "sim-node-1", api=api, refresh_seconds=0.05, initial_backoff_seconds=0.05
     )

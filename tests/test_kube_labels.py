@@ -1,4 +1,4 @@
-"""NodeLabelsWatcher with the real kubernetes client against a small fake API server.
+"""NodeLabelsWatcher with its real KubeApi client against a small fake API server.
 
 The fake serves just what the watcher asks for, over loopback HTTP/1.1: GET of one Node, and
 the Node list with `watch=true` as a chunked stream of newline-delimited watch events, the way
@@ -15,15 +15,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import urllib3
-from kubernetes import client as k8s_client
 
 from exporter.sources.interfaces import SourceError
-from exporter.sources.kube import NodeLabelsWatcher, StaticNodeLabels, failure_reason
+from exporter.sources.kube import (
+    NodeLabelsWatcher,
+    StaticNodeLabels,
+    UnreachableNodeLabels,
+    failure_reason,
+    node_labels_source,
+)
+from exporter.sources.kubeapi import ApiError, KubeApi
 
 NODE = "ip-10-1-2-3.ec2.internal"
 LAYER1 = "topology.k8s.aws/network-node-layer-1"
@@ -246,12 +252,6 @@ def wait_for(condition: Callable[[], object], timeout: float = 2.0) -> None:
         time.sleep(0.01)
 
 
-def core_api(host: str) -> Any:
-    configuration = k8s_client.Configuration(host=host)
-    configuration.retries = 0  # as default_core_api(): the watcher does its own retrying
-    return k8s_client.CoreV1Api(k8s_client.ApiClient(configuration))
-
-
 @pytest.fixture
 def server() -> Iterator[FakeApiServer]:
     fake = FakeApiServer(LABELS).start()
@@ -274,7 +274,7 @@ def make_watcher(server: FakeApiServer) -> Iterator[WatcherFactory]:
             "request_timeout_seconds": 2.0,
         }
         options.update(kwargs)
-        watcher = NodeLabelsWatcher(node, api=core_api(server.host), **options)
+        watcher = NodeLabelsWatcher(node, api=KubeApi(host=server.host), **options)
         made.append(watcher)
         return watcher.start()
 
@@ -294,6 +294,8 @@ def test_reads_labels_then_watches_from_their_version(
     assert request["resourceVersion"] == "100"
     assert request["fieldSelector"] == f"metadata.name={NODE}"
     assert int(request["timeoutSeconds"]) > 0  # ended by the server, then resumed
+    assert request["watch"] == "true"
+    assert request["allowWatchBookmarks"] == "true"
     assert watcher.drain_errors() == []
     assert watcher.last_error is None
 
@@ -473,16 +475,76 @@ def test_close_is_prompt_while_backing_off(make_watcher: WatcherFactory) -> None
     assert time.monotonic() - start < 1.0
 
 
+def test_bookmark_moves_the_resume_version(
+    server: FakeApiServer, make_watcher: WatcherFactory
+) -> None:
+    watcher = make_watcher()
+    assert watcher.wait_ready(2.0)
+    wait_for(lambda: server.open_watches == 1)
+    bookmark = {"kind": "Node", "metadata": {"resourceVersion": "150"}}
+    server.push({"type": "BOOKMARK", "object": bookmark})
+    server.push(_END)  # the server ends the watch: resume from the bookmark
+    wait_for(lambda: len(server.watch_requests) >= 2)
+    assert server.watch_requests[1]["resourceVersion"] == "150"
+    assert watcher.labels() == LABELS
+    assert watcher.drain_errors() == []
+
+
+def test_undecodable_event_is_a_bad_response(
+    server: FakeApiServer, make_watcher: WatcherFactory
+) -> None:
+    watcher = make_watcher()
+    assert watcher.wait_ready(2.0)
+    wait_for(lambda: server.open_watches == 1)
+    server.push({"type": "MODIFIED", "object": {"metadata": {"labels": ["not", "a", "map"]}}})
+    wait_for(lambda: watcher.errors_total >= 1)
+    assert watcher.drain_errors()[0] == "bad_response"
+    assert watcher.labels() == LABELS
+
+
 def test_failure_reasons() -> None:
-    assert failure_reason(k8s_client.ApiException(status=404)) == "not_found"
-    assert failure_reason(k8s_client.ApiException(status=403)) == "forbidden"
-    assert failure_reason(k8s_client.ApiException(status=503)) == "server_error"
-    assert failure_reason(k8s_client.ApiException(status=418)) == "http_error"
-    refused = urllib3.exceptions.NewConnectionError(None, "refused")  # type: ignore[arg-type]
-    assert failure_reason(urllib3.exceptions.MaxRetryError(None, "/", refused)) == "unavailable"  # type: ignore[arg-type]
-    timeout = urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out")  # type: ignore[arg-type]
-    assert failure_reason(timeout) == "timeout"
+    assert failure_reason(ApiError(404, "not_found", "HTTP 404")) == "not_found"
+    assert failure_reason(ApiError(None, "timeout", "read timed out")) == "timeout"
     assert failure_reason(ValueError("bad json")) == "bad_response"
+    assert failure_reason(RuntimeError("boom")) == "error"
+
+
+def test_without_configuration_the_source_is_unreachable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    source = node_labels_source(NODE)
+    assert isinstance(source, UnreachableNodeLabels)
+    with pytest.raises(SourceError) as info:
+        source.labels()
+    assert info.value.reason == "unavailable"
+    assert "in-cluster" in str(info.value) and "kubeconfig" in str(info.value)
+
+
+def test_default_configuration_from_kubeconfig(
+    server: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        json.dumps(  # JSON is YAML
+            {
+                "current-context": "c",
+                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+                "clusters": [{"name": "k", "cluster": {"server": server.host}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+            }
+        )
+    )
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    source = node_labels_source(NODE)
+    try:
+        assert isinstance(source, NodeLabelsWatcher)
+        assert source.wait_ready(2.0)
+        assert source.labels() == LABELS
+    finally:
+        source.close()
 
 
 def test_static_labels() -> None:

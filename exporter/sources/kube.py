@@ -6,93 +6,53 @@ GETs the Node, then watches it (one object, by field selector) from that resourc
 the watch itself fails it still GETs the Node every `refresh_seconds`, so labels stay fresh
 where watching is not allowed. The poller never waits on the API server: `labels()` only reads
 what the background thread last stored.
+
+It talks to the API server through the small `KubeApi` client rather than `kubernetes.client`,
+whose import alone would cost the agent about 25 MiB of RSS.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import random
-import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
-
-import urllib3
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import quote
 
 from exporter.sources.interfaces import SourceError
-
-if TYPE_CHECKING:
-    from kubernetes.client import CoreV1Api
+from exporter.sources.kubeapi import (
+    ApiError,
+    KubeApi,
+    KubeConfigError,
+    WatchStream,
+    reason_for_status,
+)
 
 log = logging.getLogger(__name__)
+
+_NODES = "/api/v1/nodes"
 
 _MAX_PENDING_ERRORS = 1000  # drain_errors() backlog kept when nobody drains
 _GONE_IN_A_ROW_LIMIT = 3  # 410 right after a fresh GET this often: a broken server, back off
 
-_STATUS_REASONS = {
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    410: "gone",
-    429: "throttled",
-}
-
 
 def failure_reason(exc: BaseException) -> str:
     """A short, bounded label for a failed API call (the agent's error metric label)."""
-    if isinstance(exc, k8s_client.ApiException):
-        status = exc.status or 0
-        if status in _STATUS_REASONS:
-            return _STATUS_REASONS[status]
-        if status >= 500:
-            return "server_error"
-        return "unavailable" if status == 0 else "http_error"
-    if isinstance(exc, urllib3.exceptions.MaxRetryError):
-        return failure_reason(exc.reason) if exc.reason is not None else "unavailable"
-    if isinstance(exc, urllib3.exceptions.NewConnectionError):  # a ConnectTimeoutError subclass
-        return "unavailable"
-    if isinstance(exc, urllib3.exceptions.TimeoutError | TimeoutError):
-        return "timeout"
-    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
-        return "unavailable"
+    if isinstance(exc, ApiError):
+        return exc.reason
     if isinstance(exc, ValueError | KeyError | TypeError | AttributeError):
-        return "bad_response"  # JSON or model decoding; JSONDecodeError is a ValueError
+        return "bad_response"  # a Node or an event not shaped as expected
     return "error"
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, k8s_client.ApiException):
-        text = f"HTTP {exc.status} {exc.reason or ''}".strip()
-        try:  # the API server's Status says what was wrong ("nodes \"x\" not found")
-            message = json.loads(exc.body or "{}").get("message")
-        except (ValueError, AttributeError):
-            message = None
-        return f"{text}: {str(message)[:200]}" if message else text
+    if isinstance(exc, ApiError):
+        return exc.message  # says the status and the API server's Status message
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def default_core_api() -> CoreV1Api:
-    """A CoreV1Api from the pod's service account, else from the local kubeconfig.
-
-    Raises `kubernetes.config.ConfigException` when neither is there.
-
-    urllib3's own retries are turned off: the watcher retries with backoff itself, and urllib3
-    would log a warning for every retry of an unreachable API server.
-    """
-    configuration = k8s_client.Configuration()
-    try:
-        k8s_config.load_incluster_config(client_configuration=configuration)
-    except k8s_config.ConfigException:
-        k8s_config.load_kube_config(client_configuration=configuration)
-    configuration.retries = 0
-    return k8s_client.CoreV1Api(k8s_client.ApiClient(configuration))
 
 
 class _Gone(Exception):
@@ -112,7 +72,7 @@ class NodeLabelsWatcher:
     def __init__(
         self,
         node_name: str,
-        api: CoreV1Api | None = None,
+        api: KubeApi | None = None,
         refresh_seconds: float = 30.0,
         clock: Callable[[], float] = time.time,
         *,
@@ -128,7 +88,7 @@ class NodeLabelsWatcher:
             raise ValueError("refresh, backoff and watch timeout must be positive")
         self.node_name = node_name
         self._own_api = api is None
-        self._api = default_core_api() if api is None else api
+        self._api = KubeApi.default() if api is None else api
         self.refresh_seconds = refresh_seconds
         self._clock = clock
         self._use_watch = use_watch
@@ -149,7 +109,7 @@ class NodeLabelsWatcher:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
-        self._active_response: Any = None  # the open watch stream, for close() to cut
+        self._active_stream: WatchStream | None = None  # the open watch, for close() to cut
 
     # --- NodeLabelsSource -------------------------------------------------------------------
 
@@ -174,12 +134,12 @@ class NodeLabelsWatcher:
             deadline = time.monotonic() + 2.0
             while thread.is_alive() and time.monotonic() < deadline:
                 with self._lock:  # retried: the stream may open just after the first look
-                    response = self._active_response
-                if response is not None:
-                    _abort(response)
+                    stream = self._active_stream
+                if stream is not None:
+                    stream.close()
                 thread.join(0.02)
         if self._own_api and (thread is None or not thread.is_alive()):
-            self._api.api_client.close()
+            self._api.close()
 
     # --- agent side -------------------------------------------------------------------------
 
@@ -240,7 +200,8 @@ class NodeLabelsWatcher:
                 gone_in_a_row = gone_in_a_row + 1 if time.monotonic() - started < 1 else 1
                 if gone_in_a_row < _GONE_IN_A_ROW_LIMIT:
                     continue  # list again at once
-                self._record_failure(k8s_client.ApiException(status=410, reason="Gone"), "watch")
+                message = f"watch {_NODES}: HTTP 410 Gone {gone_in_a_row} times after a GET"
+                self._record_failure(ApiError(410, "gone", message), "watch")
                 gone_in_a_row = 0
                 failures += 1
                 self._stop.wait(self._backoff(failures, self._max_backoff))
@@ -257,55 +218,56 @@ class NodeLabelsWatcher:
 
     def _get(self) -> None:
         try:
-            node = self._api.read_node(self.node_name, _request_timeout=self._request_timeout)
-            metadata = node.metadata
-            labels = dict(metadata.labels or {})
-            version = metadata.resource_version
+            node = self._api.get(
+                f"{_NODES}/{quote(self.node_name, safe='')}", timeout=self._request_timeout
+            )
+            metadata = node.get("metadata")
+            if not isinstance(metadata, Mapping):
+                raise ValueError("Node without metadata")
+            labels = _labels_of(metadata, "Node")
+            version = metadata.get("resourceVersion")
         finally:
             self._ready.set()
-        self._store(labels, version)
+        self._store(labels, str(version) if version else None)
 
     def _watch_once(self) -> int:
         """Follow the Node until the server ends the watch; the number of events seen.
 
         Raises `_Gone` on 410 (and on the Node's deletion) so that the caller lists again.
-        The stream is read here rather than through `kubernetes.watch.Watch`, so that `close()`
-        can cut it at once and events need not be decoded into full V1Node models.
         """
         with self._lock:
             version = self._resource_version
         try:
-            response = self._api.list_node(
-                field_selector=f"metadata.name={self.node_name}",
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=self._watch_timeout,
-                watch=True,
-                _preload_content=False,
+            stream = self._api.stream(
+                _NODES,
+                {
+                    "fieldSelector": f"metadata.name={self.node_name}",
+                    "watch": True,
+                    "resourceVersion": version,
+                    "allowWatchBookmarks": True,
+                    "timeoutSeconds": self._watch_timeout,
+                },
                 # Bounds the wait between two reads, should the connection die silently.
-                _request_timeout=(self._request_timeout, self._watch_timeout + 30),
+                timeout=self._watch_timeout + 30,
+                connect_timeout=self._request_timeout,
             )
-        except k8s_client.ApiException as exc:
+        except ApiError as exc:
             if exc.status == 410:  # expiry as an HTTP status rather than an ERROR event
                 raise _Gone from exc
             raise
         with self._lock:
-            self._active_response = response
+            self._active_stream = stream
         events = 0
         try:
-            for line in _lines(response):
+            for event in stream:
                 if self._stop.is_set():
                     break
-                event = json.loads(line)
-                if not isinstance(event, dict):
-                    raise ValueError(f"watch event is not an object: {line[:100]!r}")
                 events += 1
                 self._on_event(event)
         finally:
             with self._lock:
-                self._active_response = None
-            response.close()  # never hand a half-read stream back to the pool
-            response.release_conn()
+                self._active_stream = None
+            stream.close()
         return events
 
     def _on_event(self, event: Mapping[str, Any]) -> None:
@@ -317,14 +279,16 @@ class NodeLabelsWatcher:
             code = obj.get("code")
             if code == 410:
                 raise _Gone
-            raise k8s_client.ApiException(
-                status=code if isinstance(code, int) else 0,
-                reason=f"watch error {obj.get('reason')}: {obj.get('message')}",
+            status = code if isinstance(code, int) else None
+            raise ApiError(
+                status,
+                reason_for_status(status) if status else "bad_response",
+                f"watch {_NODES}: ERROR event {code} {obj.get('reason')}: {obj.get('message')}",
             )
         metadata = obj.get("metadata")
         if not isinstance(metadata, Mapping):
             raise ValueError(f"{kind} watch event without metadata")
-        version = metadata.get("resourceVersion")
+        version = str(metadata.get("resourceVersion") or "") or None
         if kind == "BOOKMARK":
             if version:
                 with self._lock:
@@ -333,10 +297,7 @@ class NodeLabelsWatcher:
         if metadata.get("name") not in (None, self.node_name):
             return
         if kind in ("ADDED", "MODIFIED"):
-            labels = metadata.get("labels") or {}
-            if not isinstance(labels, Mapping):
-                raise ValueError(f"labels of a {kind} event are not a mapping")
-            self._store({str(k): str(v) for k, v in labels.items()}, version)
+            self._store(_labels_of(metadata, f"{kind} event"), version)
         elif kind == "DELETED":
             # Keep the labels; the next GET reports not_found until the Node is back.
             raise _Gone
@@ -369,32 +330,11 @@ class NodeLabelsWatcher:
         log.log(logging.WARNING if first else logging.DEBUG, "%s", message)
 
 
-def _lines(response: Any) -> Iterator[str]:
-    """The newline-delimited JSON of a watch stream, one event per line, as chunks arrive."""
-    buffer = b""
-    for chunk in response.stream(amt=None, decode_content=True):
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield line.decode("utf-8", errors="replace")
-    if buffer.strip():
-        yield buffer.decode("utf-8", errors="replace")
-
-
-def _abort(response: Any) -> None:
-    """Cut an open stream from another thread so that its blocked read returns now."""
-    shutdown = getattr(response, "shutdown", None)  # urllib3 >= 2.3
-    if shutdown is not None:
-        try:
-            shutdown()
-            return
-        except Exception:  # already released, or no socket to shut: try the socket itself
-            pass
-    sock = getattr(getattr(response, "connection", None), "sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+def _labels_of(metadata: Mapping[str, Any], what: str) -> dict[str, str]:
+    labels = metadata.get("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise ValueError(f"labels of a {what} are not a mapping")
+    return {str(k): str(v) for k, v in labels.items()}
 
 
 class StaticNodeLabels:
@@ -438,7 +378,7 @@ def node_labels_source(node_name: str) -> NodeLabelsWatcher | UnreachableNodeLab
     """The production labels source, started; degraded to `UnreachableNodeLabels` without config."""
     try:
         watcher = NodeLabelsWatcher(node_name)
-    except k8s_config.ConfigException as e:
+    except KubeConfigError as e:
         log.warning("no Kubernetes API configuration (%s); topology labels unavailable", e)
         return UnreachableNodeLabels(f"no Kubernetes API configuration: {e}")
     return watcher.start()
