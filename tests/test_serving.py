@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import socket
+import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 
 from exporter.node.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
@@ -36,6 +40,7 @@ def serving(agent: NodeAgent) -> Iterator[Callable[..., http.client.HTTPResponse
         resp.body = resp.read()  # type: ignore[attr-defined]
         return resp
 
+    get.port = server.port  # type: ignore[attr-defined]
     try:
         yield get
     finally:
@@ -131,3 +136,19 @@ def test_background_loop_polls_on_its_interval(sim: Sim) -> None:
         assert agent.current is not first
     finally:
         agent.stop()
+
+
+def test_a_client_hanging_up_is_quiet_and_the_server_keeps_serving(
+    sim: Sim, capfd: pytest.CaptureFixture[str]
+) -> None:
+    h = sim("p5.48xlarge")
+    agent = NodeAgent(h.poller, interval=5)
+    agent.poll_once()
+    with serving(agent) as get:
+        rude = socket.create_connection(("127.0.0.1", get.port))  # type: ignore[attr-defined]
+        rude.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        rude.sendall(b"GET /metr")  # half a request, then a TCP reset
+        rude.close()
+        time.sleep(0.3)
+        assert get("/metrics").status == 200
+    assert "Traceback" not in capfd.readouterr().err

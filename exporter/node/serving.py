@@ -11,6 +11,7 @@ import gzip
 import logging
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -178,6 +179,15 @@ class MetricsServer(ThreadingHTTPServer):
     @property
     def port(self) -> int:
         return int(self.server_address[1])
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A scraper hanging up mid-request is routine; anything else is logged, never printed
+        raw to stderr as socketserver does by default."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            log.debug("client %s went away: %s", client_address, exc)
+        else:
+            log.warning("error serving %s", client_address, exc_info=True)
 
 
 def serve(agent: NodeAgent, host: str, port: int) -> None:
