@@ -7,12 +7,14 @@ the rest of the exposition is intact and the failure is counted under its reason
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 
 from exporter.node.poller import NodeSources, Poller
 from exporter.sources.kube import NodeLabelsWatcher, StaticNodeLabels
@@ -237,3 +239,33 @@ def test_poller_rejects_unknown_compat_modes(sim: Sim) -> None:
         assert "dcgmx" in str(e)
     else:
         raise AssertionError("unknown compat mode accepted")
+
+
+def test_persistent_failures_are_logged_once_not_every_poll(
+    sim: Sim, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Exploding:
+        def labels(self) -> dict[str, str]:
+            raise RuntimeError("boom")
+
+        def drain_errors(self) -> list[str]:
+            return []
+
+        def close(self) -> None:
+            pass
+
+    h = sim("p5.48xlarge")
+    real_nvml = NvmlGpuSource()
+    h.sources.gpu, h.sources.labels = real_nvml, Exploding()
+    caplog.set_level(logging.INFO, logger="exporter.node.poller")
+    try:
+        for _ in range(4):
+            h.poll()
+    finally:
+        real_nvml.close()
+    lines = [r for r in caplog.records if r.name == "exporter.node.poller"]
+    failing = [r.getMessage() for r in lines if "failing" in r.getMessage()]
+    assert len(failing) == 2, failing  # gpu and topology, once each
+    assert not [r for r in lines if "recovered" in r.getMessage()]
+    tracebacks = [r for r in lines if r.exc_info]
+    assert len(tracebacks) == 1  # the unexpected exception, with its traceback, once

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from exporter.compat import dcgm, efa
 from exporter.node.affinity import compute_affinity
@@ -63,6 +63,15 @@ class NodeSources:
             self.pods.close()
 
 
+class _Degraded(SourceError):
+    """A read that failed as a collector yet returned something worth keeping (an NVML
+    inventory that says why it is unavailable)."""
+
+    def __init__(self, reason: str, message: str, value: object) -> None:
+        super().__init__(reason, message)
+        self.value = value
+
+
 @dataclass
 class _CollectorRun:
     statuses: list[CollectorStatus] = field(default_factory=list)
@@ -101,8 +110,7 @@ class Poller:
         if self.sources.before_poll is not None:
             self.sources.before_poll(now)
         run = _CollectorRun()
-        gpu = self._collect(run, "gpu", self.sources.gpu.read, GpuInventory(available=False))
-        self._count_gpu_problems(run, gpu)
+        gpu = self._collect(run, "gpu", self._read_gpu, GpuInventory(available=False))
         self._xids.record(gpu.xid_events)
         no_efa: tuple[EfaDeviceReading, ...] = ()
         no_numa: tuple[NumaNodeReading, ...] = ()
@@ -111,7 +119,7 @@ class Poller:
         efa_devices = self._collect(
             run, "efa", lambda: sysfs.read_efa(self.sources.sysfs_root), no_efa
         )
-        self._count_efa_problems(run, efa_devices)
+        self._count_efa_problems(efa_devices)
         numa = self._collect(run, "numa", lambda: sysfs.read_numa(self.sources.sysfs_root), no_numa)
         affinity = self._collect(
             run, "affinity", lambda: self._affinity(gpu, efa_devices, numa), no_affinity
@@ -160,51 +168,61 @@ class Poller:
         start = self._timer()
         try:
             value = read()
+        except _Degraded as e:
+            self._failed(run, name, start, e.reason, str(e))
+            return cast(T, e.value)
         except SourceError as e:
             self._failed(run, name, start, e.reason, str(e))
             return fallback
         except Exception as e:  # a bug or an unexpected OS error: keep serving, say so
-            log.exception("collector %s raised", name)
-            self._failed(run, name, start, "exception", f"{type(e).__name__}: {e}")
+            self._failed(run, name, start, "exception", f"{type(e).__name__}: {e}", exc_info=True)
             return fallback
         run.statuses.append(CollectorStatus(name, True, self._timer() - start))
         self._note(name, None, None)
         return value
 
     def _failed(
-        self, run: _CollectorRun, name: str, start: float, reason: str, message: str
+        self,
+        run: _CollectorRun,
+        name: str,
+        start: float,
+        reason: str,
+        message: str,
+        exc_info: bool = False,
     ) -> None:
         run.statuses.append(CollectorStatus(name, False, self._timer() - start, message))
         self._count(name, reason)
-        self._note(name, reason, message)
+        self._note(name, reason, message, exc_info)
 
     def _count(self, collector: str, reason: str, n: int = 1) -> None:
         key = (collector, reason)
         self._errors[key] = self._errors.get(key, 0) + n
 
-    def _note(self, name: str, reason: str | None, message: str | None) -> None:
+    def _note(
+        self, name: str, reason: str | None, message: str | None, exc_info: bool = False
+    ) -> None:
         """Log when a collector's condition changes, not on every poll it persists."""
-        if self._last_reason.get(name, None) == reason:
+        if self._last_reason.get(name) == reason:
             return
+        previous = self._last_reason.get(name)
         self._last_reason[name] = reason
         if reason is None:
-            log.info("collector %s recovered", name)
+            if previous is not None:
+                log.info("collector %s recovered", name)
         else:
-            log.warning("collector %s failing (%s): %s", name, reason, message)
+            log.warning("collector %s failing (%s): %s", name, reason, message, exc_info=exc_info)
 
-    def _count_gpu_problems(self, run: _CollectorRun, gpu: GpuInventory) -> None:
+    def _read_gpu(self) -> GpuInventory:
         """NVML missing fails the collector; one GPU failing only counts (the rest is read)."""
+        gpu = self.sources.gpu.read()
         if not gpu.available:
-            status = run.statuses[-1]
-            run.statuses[-1] = CollectorStatus("gpu", False, status.duration_seconds, gpu.error)
-            self._count("gpu", "nvml_unavailable")
-            self._note("gpu", "nvml_unavailable", gpu.error)
-            return
+            raise _Degraded("nvml_unavailable", gpu.error or "NVML unavailable", gpu)
         lost = sum(1 for g in gpu.gpus if not g.up)
         if lost:
             self._count("gpu", "gpu_unreadable", lost)
+        return gpu
 
-    def _count_efa_problems(self, run: _CollectorRun, devices: Sequence[EfaDeviceReading]) -> None:
+    def _count_efa_problems(self, devices: Sequence[EfaDeviceReading]) -> None:
         bad = sum(1 for d in devices if d.error)
         if bad:
             self._count("efa", "malformed_file", bad)
