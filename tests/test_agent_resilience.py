@@ -28,6 +28,19 @@ from tests.test_node_agent import one, series
 Sim = Callable[..., SimHarness]
 
 
+class ExplodingLabels:
+    """A labels source with a bug in it: raises something no source is meant to."""
+
+    def labels(self) -> dict[str, str]:
+        raise RuntimeError("boom")
+
+    def drain_errors(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
 def _poll_with(h: SimHarness, **replace: object) -> dict[str, list[tuple[dict[str, str], float]]]:
     for key, value in replace.items():
         setattr(h.sources, key, value)
@@ -206,18 +219,8 @@ def test_missing_sysfs_and_proc_roots_are_survivable(sim: Sim, tmp_path: Path) -
 
 
 def test_a_collector_that_raises_is_isolated_and_logged(sim: Sim, caplog: object) -> None:
-    class Exploding:
-        def labels(self) -> dict[str, str]:
-            raise RuntimeError("boom")
-
-        def drain_errors(self) -> list[str]:
-            return []
-
-        def close(self) -> None:
-            pass
-
     h = sim("p5.48xlarge")
-    found = _poll_with(h, labels=Exploding())
+    found = _poll_with(h, labels=ExplodingLabels())
     assert (
         one(
             found,
@@ -244,19 +247,9 @@ def test_poller_rejects_unknown_compat_modes(sim: Sim) -> None:
 def test_persistent_failures_are_logged_once_not_every_poll(
     sim: Sim, caplog: pytest.LogCaptureFixture
 ) -> None:
-    class Exploding:
-        def labels(self) -> dict[str, str]:
-            raise RuntimeError("boom")
-
-        def drain_errors(self) -> list[str]:
-            return []
-
-        def close(self) -> None:
-            pass
-
     h = sim("p5.48xlarge")
     real_nvml = NvmlGpuSource()
-    h.sources.gpu, h.sources.labels = real_nvml, Exploding()
+    h.sources.gpu, h.sources.labels = real_nvml, ExplodingLabels()
     caplog.set_level(logging.INFO, logger="exporter.node.poller")
     try:
         for _ in range(4):
