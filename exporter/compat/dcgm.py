@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from exporter.node.exposition import GAUGE, UNTYPED, Family, escape_label_value
-from exporter.node.render import NO_POD
+from exporter.node.render import NO_POD, profiling_ratio
 from exporter.node.snapshot import GpuReading, NodeSnapshot
 
 MIB = 1024 * 1024
@@ -49,7 +49,7 @@ def _nvlink_total(g: GpuReading) -> int | None:
 
 
 def _prof(key: str) -> Getter:
-    return lambda g: g.profiling.get(key) if g.profiling is not None else None
+    return lambda g: profiling_ratio(g, key)
 
 
 FIELDS: tuple[tuple[str, str, str, Getter], ...] = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -72,11 +72,6 @@ class _Degraded(SourceError):
         self.value = value
 
 
-@dataclass
-class _CollectorRun:
-    statuses: list[CollectorStatus] = field(default_factory=list)
-
-
 class Poller:
     """Builds one snapshot per `poll()`; keeps what must persist across polls (XID counts,
     error counters, last good labels)."""
@@ -109,7 +104,7 @@ class Poller:
         now = self._clock()
         if self.sources.before_poll is not None:
             self.sources.before_poll(now)
-        run = _CollectorRun()
+        run: list[CollectorStatus] = []
         gpu = self._collect(run, "gpu", self._read_gpu, GpuInventory(available=False))
         self._xids.record(gpu.xid_events)
         no_efa: tuple[EfaDeviceReading, ...] = ()
@@ -133,7 +128,7 @@ class Poller:
         rootfs_ro = self._collect(
             run, "rootfs", lambda: sysfs.read_rootfs_read_only(self.sources.proc_root), None
         )
-        if all(s.ok for s in run.statuses):
+        if all(s.ok for s in run):
             self._last_success = now
         snapshot = NodeSnapshot(
             node=self.node,
@@ -145,7 +140,7 @@ class Poller:
             affinity=affinity,
             pods=pods,
             topology=NodeTopology(dict(labels)),
-            collectors=tuple(run.statuses),
+            collectors=tuple(run),
             collector_errors=dict(self._errors),
             last_success=self._last_success,
             rootfs_read_only=rootfs_ro,
@@ -164,7 +159,9 @@ class Poller:
 
     # -- collectors ---------------------------------------------------------------------------
 
-    def _collect(self, run: _CollectorRun, name: str, read: Callable[[], T], fallback: T) -> T:
+    def _collect(
+        self, run: list[CollectorStatus], name: str, read: Callable[[], T], fallback: T
+    ) -> T:
         start = self._timer()
         try:
             value = read()
@@ -177,20 +174,20 @@ class Poller:
         except Exception as e:  # a bug or an unexpected OS error: keep serving, say so
             self._failed(run, name, start, "exception", f"{type(e).__name__}: {e}", exc_info=True)
             return fallback
-        run.statuses.append(CollectorStatus(name, True, self._timer() - start))
+        run.append(CollectorStatus(name, True, self._timer() - start))
         self._note(name, None, None)
         return value
 
     def _failed(
         self,
-        run: _CollectorRun,
+        run: list[CollectorStatus],
         name: str,
         start: float,
         reason: str,
         message: str,
         exc_info: bool = False,
     ) -> None:
-        run.statuses.append(CollectorStatus(name, False, self._timer() - start, message))
+        run.append(CollectorStatus(name, False, self._timer() - start, message))
         self._count(name, reason)
         self._note(name, reason, message, exc_info)
 

@@ -32,7 +32,8 @@ class Field:
     get: Callable[[GpuReading], float | int | bool | None]
 
 
-def _ratio_or_none(g: GpuReading, key: str) -> float | None:
+def profiling_ratio(g: GpuReading, key: str) -> float | None:
+    """A GPM activity ratio, None when the GPU has no profiling reading."""
     return g.profiling.get(key) if g.profiling is not None else None
 
 
@@ -162,43 +163,43 @@ GPU_FIELDS: tuple[Field, ...] = (
         "topowatch_gpu_sm_active_ratio",
         GAUGE,
         "Fraction of cycles an SM had a warp resident (GPM; DCGM_FI_PROF_SM_ACTIVE).",
-        lambda g: _ratio_or_none(g, "sm_active"),
+        lambda g: profiling_ratio(g, "sm_active"),
     ),
     Field(
         "topowatch_gpu_sm_occupancy_ratio",
         GAUGE,
         "Resident warps over the SM maximum (GPM; DCGM_FI_PROF_SM_OCCUPANCY).",
-        lambda g: _ratio_or_none(g, "sm_occupancy"),
+        lambda g: profiling_ratio(g, "sm_occupancy"),
     ),
     Field(
         "topowatch_gpu_tensor_active_ratio",
         GAUGE,
         "Fraction of cycles a tensor pipe was active (GPM; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).",
-        lambda g: _ratio_or_none(g, "tensor_active"),
+        lambda g: profiling_ratio(g, "tensor_active"),
     ),
     Field(
         "topowatch_gpu_dram_active_ratio",
         GAUGE,
         "Fraction of cycles the memory interface was busy (GPM; DCGM_FI_PROF_DRAM_ACTIVE).",
-        lambda g: _ratio_or_none(g, "dram_active"),
+        lambda g: profiling_ratio(g, "dram_active"),
     ),
     Field(
         "topowatch_gpu_fp64_active_ratio",
         GAUGE,
         "Fraction of cycles the FP64 pipe was active (GPM).",
-        lambda g: _ratio_or_none(g, "fp64_active"),
+        lambda g: profiling_ratio(g, "fp64_active"),
     ),
     Field(
         "topowatch_gpu_fp32_active_ratio",
         GAUGE,
         "Fraction of cycles the FP32 pipe was active (GPM).",
-        lambda g: _ratio_or_none(g, "fp32_active"),
+        lambda g: profiling_ratio(g, "fp32_active"),
     ),
     Field(
         "topowatch_gpu_fp16_active_ratio",
         GAUGE,
         "Fraction of cycles the FP16 pipe was active (GPM).",
-        lambda g: _ratio_or_none(g, "fp16_active"),
+        lambda g: profiling_ratio(g, "fp16_active"),
     ),
     Field(
         "topowatch_gpu_fabric_healthy",

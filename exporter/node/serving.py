@@ -62,7 +62,7 @@ EMPTY = Exposition(text=b"", openmetrics=b"# EOF\n")
 
 
 class NodeAgent:
-    """Owns the poll thread and the current exposition; the aiohttp app reads from it."""
+    """Owns the poll thread and the current exposition; the HTTP server reads from it."""
 
     def __init__(
         self,
