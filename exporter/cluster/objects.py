@@ -1,0 +1,226 @@
+"""Normalized, immutable views of the Kubernetes and Kueue objects the cluster model keeps.
+
+Parsers (`exporter.cluster.kueue`, `exporter.cluster.core`) turn API dicts of any served
+version into these; the model and the analyses never look at raw dicts. Times are Unix
+seconds (float); absent values are None, never a sentinel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+TopologyMode = Literal["required", "preferred", "unconstrained", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str
+    last_transition: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyRequest:
+    """What a pod set asked of the topology (spec.podSets[].topologyRequest or annotations)."""
+
+    mode: TopologyMode
+    level: str | None  # a node label key, e.g. topology.k8s.aws/network-node-layer-3
+    slice_level: str | None = None
+    slice_size: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodSetRequest:
+    name: str
+    count: int
+    gpus_per_pod: int
+    topology: TopologyRequest
+
+
+@dataclass(frozen=True, slots=True)
+class DomainAssignment:
+    """`count` pods in the domain whose label values (highest level first) are `values`."""
+
+    values: tuple[str, ...]
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class PodSetPlacement:
+    """Where Kueue's TAS put one pod set: `levels` are node label keys, highest first."""
+
+    name: str
+    count: int
+    flavors: tuple[tuple[str, str], ...]  # (resource, flavor)
+    levels: tuple[str, ...]
+    domains: tuple[DomainAssignment, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    namespace: str
+    name: str
+    uid: str
+    api_version: str
+    created: float | None
+    queue_name: str  # the LocalQueue
+    priority_class: str
+    priority: int
+    job_uid: str  # label kueue.x-k8s.io/job-uid, "" when absent
+    owner: str  # "Kind/name" of the controlling owner, "" when none
+    owner_uid: str  # that owner's UID: pods name it in their own ownerReferences
+    active: bool
+    pod_sets: tuple[PodSetRequest, ...]
+    cluster_queue: str  # status.admission.clusterQueue, "" when not admitted
+    placements: tuple[PodSetPlacement, ...]
+    conditions: tuple[Condition, ...]
+    requeue_count: int
+    problems: tuple[str, ...] = field(default=())  # malformed fields, kept for explain/logs
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def gpus_requested(self) -> int:
+        return sum(p.count * p.gpus_per_pod for p in self.pod_sets)
+
+    def condition(self, type_: str) -> Condition | None:
+        for cond in self.conditions:
+            if cond.type == type_:
+                return cond
+        return None
+
+    def is_true(self, type_: str) -> bool:
+        cond = self.condition(type_)
+        return cond is not None and cond.status == "True"
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionNote:
+    """What a Kueue preemption message says, in any format Kueue has used (v0.4 to v0.20)."""
+
+    preemptor_uid: str
+    preemptor_job_uid: str  # "" before v0.11
+    preemptor_path: tuple[str, ...]  # cohort/queue path, () before v0.15
+    preemptee_path: tuple[str, ...]
+    cause: str  # the phrase after "due to", e.g. "prioritization in the ClusterQueue"
+    format: str  # "v0.10" | "v0.11" | "v0.15" — which family of message matched
+
+
+@dataclass(frozen=True, slots=True)
+class FlavorQuota:
+    flavor: str
+    nominal: int  # GPUs
+    borrowing_limit: int | None
+    lending_limit: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterQueue:
+    name: str
+    cohort: str
+    gpu_quotas: tuple[FlavorQuota, ...]
+    used: int  # GPUs in status.flavorsUsage
+    reserved: int  # GPUs in status.flavorsReservation
+    borrowed: int  # GPUs borrowed from the cohort (status.flavorsUsage[].resources[].borrowed)
+    pending_workloads: int
+    admitted_workloads: int
+    preemption: tuple[tuple[str, str], ...]  # (policy field, value), e.g. ("withinClusterQueue", "LowerPriority")
+
+    @property
+    def nominal(self) -> int:
+        return sum(q.nominal for q in self.gpu_quotas)
+
+    @property
+    def lendable(self) -> int:
+        total = 0
+        for q in self.gpu_quotas:
+            total += q.nominal if q.lending_limit is None else min(q.lending_limit, q.nominal)
+        return total
+
+
+@dataclass(frozen=True, slots=True)
+class LocalQueue:
+    namespace: str
+    name: str
+    cluster_queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceFlavor:
+    name: str
+    node_labels: tuple[tuple[str, str], ...]
+    topology_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class KueueTopology:
+    name: str
+    levels: tuple[str, ...]  # node label keys, highest first
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    name: str
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    allocatable_gpus: int
+    schedulable: bool  # not cordoned, Ready, and no HyperPod Unschedulable* health label
+    health: str  # sagemaker.amazonaws.com/node-health-status, "" when absent
+
+    def label(self, key: str) -> str:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    namespace: str
+    name: str
+    uid: str
+    node: str  # spec.nodeName, "" while unscheduled
+    phase: str
+    gpus: int  # sum of container GPU requests (limits when no request)
+    workload: str  # annotation kueue.x-k8s.io/workload, "" when absent
+    job_uid: str  # label kueue.x-k8s.io/job-uid, "" when absent
+    queue_name: str  # label kueue.x-k8s.io/queue-name
+    owner: str  # "Kind/name" of the controlling owner
+    owner_uid: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def holds_gpus(self) -> bool:
+        return bool(self.node) and self.phase not in ("Succeeded", "Failed") and self.gpus > 0
+
+
+@dataclass(frozen=True, slots=True)
+class KubeEvent:
+    namespace: str
+    name: str
+    uid: str
+    involved_kind: str
+    involved_namespace: str
+    involved_name: str
+    involved_uid: str
+    reason: str
+    message: str
+    type: str  # Normal | Warning
+    count: int
+    first_seen: float | None
+    last_seen: float | None
