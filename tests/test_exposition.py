@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from exporter.node.exposition import (
     COUNTER,
     GAUGE,
+    HISTOGRAM,
     INFO,
     UNTYPED,
     Family,
@@ -59,6 +60,25 @@ def test_openmetrics_format_parses_with_types_and_eof() -> None:
     assert parsed["topowatch_node_topology"].type == "info"
     assert parsed["topowatch_node_topology"].samples[0].labels["layer1"] == 'we"ird\\va\nlue'
     assert parsed["node_amazonefa_tx_bytes"].type == "unknown"
+
+
+def histogram() -> Family:
+    wait = Family("topowatch_wait_seconds", HISTOGRAM, "Wait.")
+    wait.add_histogram([("cluster_queue", "a")], [(1, 2), (5.5, 3)], total=12.5, count=4)
+    return wait
+
+
+def test_histograms_parse_in_both_formats_with_cumulative_buckets() -> None:
+    for parse, body in (
+        (parse_text, encode_text([histogram()]).decode()),
+        (parse_om, encode_openmetrics([histogram()]).decode()),
+    ):
+        (fam,) = list(parse(body))
+        assert fam.type == "histogram"
+        by_le = {s.labels.get("le"): s.value for s in fam.samples if s.name.endswith("_bucket")}
+        assert by_le == {"1.0": 2, "5.5": 3, "+Inf": 4}
+        total = {s.name: s.value for s in fam.samples if not s.name.endswith("_bucket")}
+        assert total == {"topowatch_wait_seconds_sum": 12.5, "topowatch_wait_seconds_count": 4}
 
 
 def test_value_formatting() -> None:

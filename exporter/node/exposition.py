@@ -19,6 +19,7 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 COUNTER = "counter"
 GAUGE = "gauge"
 INFO = "info"
+HISTOGRAM = "histogram"
 UNTYPED = "untyped"  # used only for peers' counter names that lack `_total` (compat modes)
 
 _ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
@@ -66,6 +67,22 @@ class Family:
     def add_rendered(self, labels: str, value: float) -> None:
         """Add a sample whose label string was rendered (and cached) by the caller."""
         self.samples.append((labels, format_value(value)))
+
+    def add_histogram(
+        self,
+        labels: Sequence[tuple[str, str]],
+        buckets: Sequence[tuple[float, int]],
+        total: float,
+        count: int,
+    ) -> None:
+        """Add one histogram series: cumulative `(upper bound, count)` buckets, the sum and count.
+        The suffix rides in front of the label string, so encoding stays a plain join."""
+        for bound, cumulative in buckets:
+            le = repr(float(bound))  # OpenMetrics wants canonical floats: "1.0", not "1"
+            self.samples.append(("_bucket" + label_string([*labels, ("le", le)]), str(cumulative)))
+        self.samples.append(("_bucket" + label_string([*labels, ("le", "+Inf")]), str(count)))
+        self.samples.append(("_sum" + label_string(labels), format_value(total)))
+        self.samples.append(("_count" + label_string(labels), str(count)))
 
     @property
     def sample_name(self) -> str:

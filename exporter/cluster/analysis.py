@@ -1,0 +1,232 @@
+"""Pure analyses over model state: locality, quota headroom, preemption verdicts, pending causes.
+
+Each function takes plain values and returns plain values, so the rules can be read and tested
+without a model, and the model stays a bookkeeper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from exporter.cluster.ledger import Verdict
+from exporter.cluster.objects import ClusterQueue, TopologyRequest, Workload
+from exporter.topology.tree import NETWORK_LEVELS, Placement, hops, level_of_label_key
+
+ZONE_LEVELS = ("region", "zone")
+LOCALITY_LEVELS = (*ZONE_LEVELS, *NETWORK_LEVELS, "ultraserver", "node")
+
+
+@dataclass(frozen=True, slots=True)
+class Locality:
+    """How spread a workload's pods are across the network."""
+
+    pods: int  # pods that hold GPUs on some node
+    nodes: tuple[str, ...]
+    domains: Mapping[str, int]  # level -> distinct domains the pods span (levels with data)
+    worst_pair_hops: int | None  # None when some node lacks network labels
+    ultraserver: str  # the one UltraServer holding every pod, "" otherwise
+    topology_level: str | None  # the level name the workload asked for
+    topology_mode: str
+    topology_met: bool | None  # None when nothing was asked or nothing is placed
+
+
+def locality(
+    placements: Mapping[str, Placement], request: TopologyRequest | None, pods: int
+) -> Locality:
+    """`placements` maps each node holding one of the workload's pods to its place."""
+    nodes = tuple(sorted(placements))
+    domains: dict[str, int] = {"node": len(nodes)} if nodes else {}
+    for level in (*ZONE_LEVELS, *NETWORK_LEVELS, "ultraserver"):
+        values = {p.domain_at(level) for p in placements.values()}
+        values.discard(None)
+        values.discard("")
+        if values:
+            domains[level] = len(values)
+    ultraserver = ""
+    if nodes and domains.get("ultraserver") == 1:
+        ultras = {p.ultraserver for p in placements.values()}
+        ultraserver = ultras.pop() if len(ultras) == 1 else ""
+    asked = level_of_label_key(request.level) if request and request.level else None
+    mode = request.mode if request else "none"
+    return Locality(
+        pods=pods,
+        nodes=nodes,
+        domains=domains,
+        worst_pair_hops=worst_pair_hops(list(placements.values())),
+        ultraserver=ultraserver,
+        topology_level=asked,
+        topology_mode=mode,
+        topology_met=_topology_met(placements, request, asked),
+    )
+
+
+def worst_pair_hops(places: Sequence[Placement]) -> int | None:
+    """The largest hop distance between any two of the nodes, in O(nodes * levels).
+
+    The farthest pair is any pair that diverges at the highest level where the set has more
+    than one domain, so one representative pair answers for all of them.
+    """
+    if len(places) < 2:
+        return 0 if places else None
+    for level in (*ZONE_LEVELS, *NETWORK_LEVELS):
+        first = places[0].domain_at(level)
+        for other in places[1:]:
+            if other.domain_at(level) != first:
+                return hops(places[0], other)
+    return hops(places[0], places[1])
+
+
+def _topology_met(
+    placements: Mapping[str, Placement], request: TopologyRequest | None, level: str | None
+) -> bool | None:
+    if request is None or request.mode in ("none", "unconstrained") or level is None:
+        return None
+    if not placements:
+        return None
+    if level == "node":
+        return len(placements) == 1
+    values = {p.domain_at(level) for p in placements.values()}
+    return len(values) == 1 and None not in values and "" not in values
+
+
+# --- quota ----------------------------------------------------------------------------------
+
+
+def quota_headroom(cq: ClusterQueue, cohort: Iterable[ClusterQueue]) -> int:
+    """GPUs `cq` could still reserve: its own unused nominal quota plus what it may borrow.
+
+    Borrowing is bounded by the cohort's unused lendable quota and the queue's borrowing limit.
+    """
+    in_use = max(cq.used, cq.reserved)
+    own = max(0, cq.nominal - in_use)
+    spare = 0
+    for other in cohort:
+        if other.name == cq.name:
+            continue
+        other_use = max(other.used, other.reserved)
+        spare += max(0, min(other.lendable, other.nominal - other_use))
+    limits = [q.borrowing_limit for q in cq.gpu_quotas]
+    if limits and all(limit is not None for limit in limits):
+        cap = sum(limit or 0 for limit in limits) - cq.borrowed
+        spare = min(spare, max(0, cap))
+    return own + spare
+
+
+def lent_by_queue(cohort: Sequence[ClusterQueue]) -> dict[str, int]:
+    """GPUs each queue lends to the cohort's borrowers.
+
+    Kueue reports what a queue borrows, never what it lends; the cohort's borrowing is shared
+    out over the queues with unused lendable quota, in proportion to that unused quota.
+    """
+    borrowed = sum(cq.borrowed for cq in cohort)
+    unused = {
+        cq.name: max(0, min(cq.lendable, cq.nominal - max(cq.used, cq.reserved))) for cq in cohort
+    }
+    total_unused = sum(unused.values())
+    if borrowed <= 0 or total_unused <= 0:
+        return dict.fromkeys(unused, 0)
+    lent = min(borrowed, total_unused)
+    return {name: round(lent * u / total_unused) for name, u in unused.items()}
+
+
+# --- preemption verdicts ----------------------------------------------------------------------
+
+
+def preemption_verdict(
+    gpus_needed: int,
+    level: str | None,
+    headroom: int | None,
+    level_free: int,
+    largest_free: int,
+    largest_domain: str,
+) -> tuple[Verdict, str]:
+    """Quota-driven, or topology-driven: the preemptor would have fit without preempting had the
+    free GPUs of its required level been in one domain."""
+    if gpus_needed <= 0:
+        return "unknown", "the preemptor's GPU request is unknown"
+    if level is None:
+        return "quota", "the preemptor asked for no topology, so only quota could block it"
+    if headroom is not None and headroom < gpus_needed:
+        return "quota", f"its queue could reserve only {headroom} of the {gpus_needed} GPUs needed"
+    if level_free >= gpus_needed > largest_free:
+        where = f": {largest_domain}" if largest_domain else ""
+        return "topology", (
+            f"{level_free} GPUs were free across {level} domains, but the largest free "
+            f"{level} domain had {largest_free}{where}; it needed {gpus_needed} in one"
+        )
+    return "quota", f"only {level_free} GPUs were free at {level}; it needed {gpus_needed}"
+
+
+# --- pending causes ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCause:
+    cause: str  # quota | topology | misconfigured | inactive | waiting
+    quota_reason: str
+    quota_message: str
+    topology_message: str
+
+    @property
+    def summary(self) -> str:
+        return self.topology_message or self.quota_message or self.quota_reason or self.cause
+
+
+_MISCONFIGURED_REASONS = frozenset({"Misconfigured", "NoMatchingFlavor", "ClusterQueueStopped"})
+_MISCONFIGURED_PHRASES = ("doesn't exist", "couldn't find matching flavor", "is inactive")
+_TOPOLOGY_PHRASES = ("topology", "doesn't allow to fit")
+
+
+def pending_cause(
+    workload: Workload,
+    headroom: int | None,
+    largest_free: int | None,
+    largest_domain: str,
+) -> PendingCause:
+    """Why a workload without quota waits: Kueue's own reason, plus the topology reason when the
+    queue has room but no single domain at the required level does."""
+    cond = workload.condition("QuotaReserved")
+    reason = cond.reason if cond is not None and cond.status == "False" else ""
+    message = cond.message if cond is not None and cond.status == "False" else ""
+    needed = workload.gpus_requested
+    request = _blocking_request(workload)
+    level = level_of_label_key(request.level) if request and request.level else None
+    topo = ""
+    if (
+        level is not None
+        and largest_free is not None
+        and largest_free < needed
+        and (headroom is None or headroom >= needed)
+    ):
+        quota = f"quota allows {headroom} GPUs" if headroom is not None else "quota allows it"
+        where = f": {largest_domain}" if largest_domain else ""
+        topo = f"{quota} but the largest free {level} domain has {largest_free}{where}"
+    lowered = message.lower()
+    if not workload.active:
+        cause = "inactive"
+    elif reason in _MISCONFIGURED_REASONS or any(p in lowered for p in _MISCONFIGURED_PHRASES):
+        cause = "misconfigured"
+    elif topo or (level is not None and any(p in lowered for p in _TOPOLOGY_PHRASES)):
+        cause = "topology"
+    elif "quota" in lowered or reason in ("Pending", "WaitingForQuota"):
+        cause = "quota"
+    else:
+        cause = "waiting"
+    return PendingCause(cause, reason, message, topo)
+
+
+def _blocking_request(workload: Workload) -> TopologyRequest | None:
+    """The pod set whose required topology can block admission (preferred ones fall back)."""
+    for pod_set in workload.pod_sets:
+        if pod_set.topology.mode == "required" and pod_set.topology.level:
+            return pod_set.topology
+    return None
+
+
+def workload_request(workload: Workload) -> TopologyRequest | None:
+    """The topology request that describes the workload: the first pod set that has one."""
+    for pod_set in workload.pod_sets:
+        if pod_set.topology.mode != "none":
+            return pod_set.topology
+    return None

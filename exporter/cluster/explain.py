@@ -1,0 +1,180 @@
+"""`topowatch explain`: a plain answer about one workload, from a live service or a dump.
+
+Offline, a `kubectl get nodes,pods,workloads,clusterqueues,localqueues,events -A -o yaml` List
+is fed through the same ClusterModel the service runs, so both paths answer from the same
+workload view (exporter.cluster.views).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import yaml
+
+from exporter.cluster.core import parse_time
+from exporter.cluster.model import KINDS, ClusterModel
+
+# The order a re-list would deliver them in: what others refer to comes first.
+_LOAD_ORDER = (
+    "Topology",
+    "ResourceFlavor",
+    "WorkloadPriorityClass",
+    "Cohort",
+    "ClusterQueue",
+    "LocalQueue",
+    "Node",
+    "Workload",
+    "Pod",
+    "Event",
+)
+
+
+class DumpError(Exception):
+    """The dump file is not a Kubernetes List (or object) we can read."""
+
+
+def load_dump_objects(text: str) -> list[Mapping[str, Any]]:
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise DumpError(f"not valid YAML: {exc}") from exc
+    objects: list[Mapping[str, Any]] = []
+    for doc in docs:
+        if not isinstance(doc, Mapping):
+            raise DumpError("expected a Kubernetes List or objects at the top level")
+        items = doc.get("items")
+        if doc.get("kind", "").endswith("List") or isinstance(items, list):
+            objects.extend(i for i in (items or []) if isinstance(i, Mapping))
+        else:
+            objects.append(doc)
+    return objects
+
+
+def model_from_objects(objects: Iterable[Mapping[str, Any]]) -> tuple[ClusterModel, float]:
+    """Build a model as the service would; `now` is the newest timestamp in the dump."""
+    by_kind: dict[str, list[Mapping[str, Any]]] = {k: [] for k in KINDS}
+    newest = 0.0
+    for obj in objects:
+        kind = obj.get("kind")
+        if isinstance(kind, str) and kind in by_kind:
+            by_kind[kind].append(obj)
+            newest = max(newest, _newest_time(obj))
+    model = ClusterModel()
+    for kind in _LOAD_ORDER:
+        model.replace(kind, by_kind[kind], newest)
+    return model, newest
+
+
+def _newest_time(obj: Mapping[str, Any]) -> float:
+    times: list[float] = []
+    meta = obj.get("metadata")
+    if isinstance(meta, Mapping):
+        times.append(parse_time(meta.get("creationTimestamp")) or 0.0)
+    for key in ("lastTimestamp", "firstTimestamp", "eventTime"):
+        times.append(parse_time(obj.get(key)) or 0.0)
+    status = obj.get("status")
+    conds = status.get("conditions") if isinstance(status, Mapping) else None
+    if isinstance(conds, list):
+        for cond in conds:
+            if isinstance(cond, Mapping):
+                times.append(parse_time(cond.get("lastTransitionTime")) or 0.0)
+    return max(times, default=0.0)
+
+
+# --- text -----------------------------------------------------------------------------------
+
+
+def explain_text(view: Mapping[str, Any]) -> str:
+    lines = [_headline(view)]
+    pending = view.get("pending")
+    if pending:
+        lines.append(f"Pending ({pending['cause']}): {pending['summary']}")
+        if pending["topology_message"] and pending["quota_message"]:
+            lines.append(f"  Kueue says: {pending['quota_reason']}: {pending['quota_message']}")
+    for fix in view.get("would_run_if", []):
+        lines.append(f"  It would run if {fix}.")
+    suffered = view.get("preemptions_suffered", [])
+    if suffered:
+        lines.append(f"Preempted {len(suffered)} time(s):")
+        lines.extend(f"  {_preemption_line(r, victim_side=True)}" for r in suffered)
+    caused = view.get("preemptions_caused", [])
+    if caused:
+        lines.append(f"Preempted {len(caused)} other workload(s):")
+        lines.extend(f"  {_preemption_line(r, victim_side=False)}" for r in caused)
+    lines.extend(_placement_lines(view))
+    timeline = view.get("timeline", [])
+    if timeline:
+        lines.append("Timeline:")
+        for entry in timeline:
+            reason = f" ({entry['reason']})" if entry["reason"] else ""
+            detail = f": {entry['detail']}" if entry["detail"] else ""
+            lines.append(f"  {entry['time'] or '?':20} {entry['step']}{reason}{detail}")
+    for problem in view.get("problems", []):
+        lines.append(f"Note: {problem}")
+    return "\n".join(lines) + "\n"
+
+
+def _headline(view: Mapping[str, Any]) -> str:
+    prio = view.get("priority_class") or "no priority class"
+    return (
+        f"{view['namespace']}/{view['name']}: {view['status']}, {view['gpus_requested']} GPUs, "
+        f"queue {view['local_queue'] or '?'} -> {view['cluster_queue'] or '?'}, "
+        f"{prio} ({view['priority']})"
+    )
+
+
+def _preemption_line(record: Mapping[str, Any], victim_side: bool) -> str:
+    who = record["preemptor"] if victim_side else record["victim"]
+    queue = (
+        record["preemptor_cluster_queue"] if victim_side else record["victim_cluster_queue"]
+    ) or "?"
+    prios = f"priority {record['preemptor_priority']} over {record['victim_priority']}"
+    verdict = record["verdict"]
+    judged = (
+        f"{verdict}-driven: {record['verdict_detail']}"
+        if verdict != "unknown"
+        else (f"cause unknown: {record['verdict_detail']}")
+    )
+    direction = "by" if victim_side else "victim"
+    return (
+        f"{record['time']} {direction} {who} ({queue}), {record['reason']}, {prios}, "
+        f"{record['gpus_freed']} GPUs freed; {judged}"
+    )
+
+
+def _placement_lines(view: Mapping[str, Any]) -> list[str]:
+    loc = view.get("locality") or {}
+    pods = view.get("pods", [])
+    if not loc.get("nodes"):
+        return ["Placement: no pods hold GPUs"] if view.get("status") != "pending" else []
+    spread = ", ".join(
+        f"{count} {level}" for level, count in loc["domains"].items() if level != "node"
+    )
+    topo = loc.get("topology") or {}
+    asked = ""
+    if topo.get("level"):
+        met = {True: "met", False: "NOT met", None: "unknown"}[topo.get("met")]
+        asked = f"; {topo['mode']} {topo['level']}: {met}"
+    hops = loc.get("worst_pair_hops")
+    ultra = f"; inside UltraServer {loc['ultraserver']}" if loc.get("ultraserver") else ""
+    lines = [
+        f"Placement: {loc['pods']} pods on {len(loc['nodes'])} nodes ({spread}); "
+        f"worst pair {hops if hops is not None else '?'} hops{asked}{ultra}"
+    ]
+    lines.extend(
+        f"  {p['name']} on {p['node'] or '-'} ({p['gpus']} GPUs, {p['phase']})" for p in pods
+    )
+    return lines
+
+
+def preemptions_text(records: Iterable[Mapping[str, Any]]) -> str:
+    lines = []
+    for r in records:
+        judged = r["verdict"] if r["verdict"] != "unknown" else "cause unknown"
+        lines.append(
+            f"{r['time']} {r['victim']} ({r['victim_cluster_queue'] or '?'}) preempted by "
+            f"{r['preemptor']} ({r['preemptor_cluster_queue'] or '?'}): {r['reason']}, "
+            f"{r['gpus_freed']} GPUs, {judged}"
+        )
+    return "\n".join(lines) + ("\n" if lines else "no preemptions recorded\n")

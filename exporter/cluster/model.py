@@ -1,0 +1,701 @@
+"""ClusterModel: the cluster as the informers describe it, updated one event at a time.
+
+Every event costs O(its object + topology depth): GPU usage moves along one path of the
+topology tree, a workload's timeline grows by what changed, a preemption lands in the ledger.
+Derived views that span many objects (locality, pending causes, fragmentation) are computed
+when asked, and cached where they are asked often. No I/O, no clock: callers pass `now`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.cluster import analysis
+from exporter.cluster.analysis import Locality, PendingCause
+from exporter.cluster.core import parse_event, parse_node, parse_pod
+from exporter.cluster.kueue import (
+    parse_cluster_queue,
+    parse_local_queue,
+    parse_preemption_message,
+    parse_priority_class,
+    parse_resource_flavor,
+    parse_topology,
+    parse_workload,
+    reason_for_cause,
+)
+from exporter.cluster.ledger import PreemptionLedger, PreemptionRecord, Verdict
+from exporter.cluster.objects import (
+    ClusterQueue,
+    KubeEvent,
+    KueueTopology,
+    LocalQueue,
+    Node,
+    Pod,
+    PriorityClass,
+    ResourceFlavor,
+    Workload,
+)
+from exporter.cluster.timeline import TimelineEntry, timeline_changes
+from exporter.topology.tree import TopologyTree, level_of_label_key
+
+log = logging.getLogger(__name__)
+
+WorkloadKey = tuple[str, str]
+
+KINDS = (
+    "Node",
+    "Pod",
+    "Event",
+    "Workload",
+    "ClusterQueue",
+    "LocalQueue",
+    "Cohort",
+    "ResourceFlavor",
+    "Topology",
+    "WorkloadPriorityClass",
+)
+
+# A preemption seen later than this after it happened (a restart, a long disconnect) gets no
+# verdict: the free capacity it was decided against is gone.
+VERDICT_FRESHNESS_S = 120.0
+ADMISSION_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+
+
+@dataclass(slots=True)
+class WaitHistogram:
+    buckets: list[int] = field(default_factory=lambda: [0] * len(ADMISSION_WAIT_BUCKETS))
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, seconds: float) -> None:
+        self.total += seconds
+        self.count += 1
+        for i, bound in enumerate(ADMISSION_WAIT_BUCKETS):
+            if seconds <= bound:
+                self.buckets[i] += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        return list(zip(ADMISSION_WAIT_BUCKETS, self.buckets, strict=True))
+
+
+@dataclass(slots=True)
+class WorkloadState:
+    """A workload plus what only a watcher knows about it."""
+
+    workload: Workload
+    timeline: list[TimelineEntry]
+    observed_admission: float | None = None
+    locality_cache: tuple[tuple[int, ...], Locality] | None = None
+
+
+class ClusterModel:
+    def __init__(
+        self,
+        ledger_capacity: int = 10_000,
+        timeline_limit: int = 64,
+        problem_log_limit: int = 200,
+    ) -> None:
+        self.tree = TopologyTree()
+        self.nodes: dict[str, Node] = {}
+        self.pods: dict[tuple[str, str], Pod] = {}
+        self.workloads: dict[WorkloadKey, WorkloadState] = {}
+        self.cluster_queues: dict[str, ClusterQueue] = {}
+        self.local_queues: dict[tuple[str, str], LocalQueue] = {}
+        self.cohorts: dict[str, str] = {}  # name -> parent
+        self.flavors: dict[str, ResourceFlavor] = {}
+        self.topologies: dict[str, KueueTopology] = {}
+        self.priority_classes: dict[str, PriorityClass] = {}
+        self.ledger = PreemptionLedger(ledger_capacity)
+        self.timeline_limit = timeline_limit
+        self.wait_histograms: dict[tuple[str, str], WaitHistogram] = {}
+        self.preemption_counts: Counter[tuple[str, str, str, str]] = Counter()
+        self.problems: Counter[tuple[str, str]] = Counter()  # (kind, problem) -> count
+        self.recent_problems: deque[str] = deque(maxlen=problem_log_limit)
+        self.events_applied: Counter[str] = Counter()
+        self._versions: dict[str, dict[Any, str]] = {kind: {} for kind in KINDS}
+        self._wl_by_uid: dict[str, WorkloadKey] = {}
+        self._wl_by_job: dict[str, WorkloadKey] = {}  # job-uid label and owner UID
+        self._pods_by_group: dict[object, set[tuple[str, str]]] = {}
+        self._group_epoch: Counter[object] = Counter()
+        self._labels_epoch = 0
+        self._handlers: dict[str, Callable[[str, Mapping[str, Any], float], None]] = {
+            "Node": self._apply_node,
+            "Pod": self._apply_pod,
+            "Event": self._apply_event,
+            "Workload": self._apply_workload,
+            "ClusterQueue": self._apply_cluster_queue,
+            "LocalQueue": self._apply_local_queue,
+            "Cohort": self._apply_cohort,
+            "ResourceFlavor": self._apply_flavor,
+            "Topology": self._apply_topology,
+            "WorkloadPriorityClass": self._apply_priority_class,
+        }
+
+    # --- ingestion ------------------------------------------------------------------------
+
+    def apply(self, kind: str, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        """One watch event. Unknown kinds and malformed objects are counted, never raised."""
+        handler = self._handlers.get(kind)
+        if handler is None:
+            self._problem(kind, "unknown_kind", f"ignored an object of unknown kind {kind!r}")
+            return
+        if not isinstance(obj, Mapping):
+            self._problem(kind, "malformed", f"{kind} event carried no object")
+            return
+        key = _object_key(obj)
+        if key is None:
+            self._problem(kind, "malformed", f"{kind} without metadata.name ignored")
+            return
+        versions = self._versions[kind]
+        if event_type == "DELETED":
+            versions.pop(key, None)
+        else:
+            rv = _resource_version(obj)
+            if rv and versions.get(key) == rv:
+                return  # a re-list repeating what we already hold
+            versions[key] = rv
+        self.events_applied[kind] += 1
+        try:
+            handler(event_type, obj, now)
+        except Exception as exc:  # a parser or analysis bug must not stop the informers
+            self._problem(kind, "internal", f"{kind} {key}: {type(exc).__name__}: {exc}")
+            log.exception("cluster model failed on %s %s", kind, key)
+
+    def replace(self, kind: str, items: Iterable[Mapping[str, Any]], now: float) -> None:
+        """The full current set after a (re)list: apply what changed, delete what vanished."""
+        seen: set[Any] = set()
+        for obj in items:
+            key = _object_key(obj) if isinstance(obj, Mapping) else None
+            if key is not None:
+                seen.add(key)
+            self.apply(kind, "ADDED", obj, now)
+        versions = self._versions.get(kind, {})
+        for key in [k for k in versions if k not in seen]:
+            self.apply(kind, "DELETED", _stub(key), now)
+
+    # --- handlers -------------------------------------------------------------------------
+
+    def _apply_node(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        name = _name(obj)
+        if event_type == "DELETED":
+            if self.nodes.pop(name, None) is not None:
+                self.tree.remove_node(name)
+                self._labels_epoch += 1
+            return
+        node = parse_node(obj)
+        old = self.nodes.get(name)
+        self.nodes[name] = node
+        if old is None or old.labels != node.labels:
+            self._labels_epoch += 1
+        if (
+            old is None
+            or old.labels != node.labels
+            or old.allocatable_gpus != node.allocatable_gpus
+            or old.schedulable != node.schedulable
+        ):
+            self.tree.set_node(name, dict(node.labels), node.allocatable_gpus, node.schedulable)
+
+    def _apply_pod(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        key = (_namespace(obj), _name(obj))
+        old = self.pods.pop(key, None)
+        if old is not None:
+            if old.holds_gpus:
+                self.tree.add_used(old.node, -old.gpus)
+            self._ungroup(old)
+        if event_type == "DELETED":
+            return
+        pod = parse_pod(obj)
+        self.pods[key] = pod
+        if pod.holds_gpus:
+            self.tree.add_used(pod.node, pod.gpus)
+        self._group(pod)
+
+    def _apply_workload(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        key = (_namespace(obj), _name(obj))
+        if event_type == "DELETED":
+            state = self.workloads.pop(key, None)
+            if state is not None:
+                self._unindex_workload(state.workload)
+            return
+        workload = parse_workload(obj)
+        for problem in workload.problems:
+            self._problem("Workload", "malformed", f"{key[0]}/{key[1]}: {problem}")
+        state = self.workloads.get(key)
+        old = state.workload if state is not None else None
+        if state is None:
+            state = WorkloadState(workload, [])
+            self.workloads[key] = state
+        else:
+            self._unindex_workload(old)  # type: ignore[arg-type]
+            state.workload = workload
+        self._index_workload(workload)
+        for entry in timeline_changes(old, workload):
+            self._add_timeline(state, entry)
+        self._observe_admission(state)
+        self._record_preemption_from_status(old, workload, now)
+        self.ledger.resolve_preemptor(
+            workload.uid,
+            workload.namespace,
+            workload.name,
+            self.cluster_queue_of(workload),
+            workload.priority,
+        )
+
+    def _apply_event(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        if event_type == "DELETED":
+            return  # the ledger outlives the Events it was built from
+        event = parse_event(obj)
+        if event.involved_kind != "Workload" or event.reason != "Preempted":
+            return
+        time = event.first_seen or event.last_seen or now
+        record = self._preemption_record(
+            victim_key=(event.involved_namespace, event.involved_name),
+            victim_uid=event.involved_uid,
+            message=event.message,
+            reason_hint="",
+            time=time,
+            now=now,
+            source="event",
+        )
+        if record is not None and self._record(record):
+            state = self.workloads.get((event.involved_namespace, event.involved_name))
+            if state is not None:
+                self._add_timeline(
+                    state, TimelineEntry(time, "preempted", record.reason, event.message)
+                )
+
+    def _apply_cluster_queue(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        if event_type == "DELETED":
+            self.cluster_queues.pop(_name(obj), None)
+        else:
+            cq = parse_cluster_queue(obj)
+            self.cluster_queues[cq.name] = cq
+
+    def _apply_local_queue(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        key = (_namespace(obj), _name(obj))
+        if event_type == "DELETED":
+            self.local_queues.pop(key, None)
+        else:
+            self.local_queues[key] = parse_local_queue(obj)
+
+    def _apply_cohort(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        if event_type == "DELETED":
+            self.cohorts.pop(_name(obj), None)
+            return
+        spec = obj.get("spec")
+        parent = ""
+        if isinstance(spec, Mapping):
+            raw = spec.get("parentName", spec.get("parent", ""))
+            parent = raw if isinstance(raw, str) else ""
+        self.cohorts[_name(obj)] = parent
+
+    def _apply_flavor(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        if event_type == "DELETED":
+            self.flavors.pop(_name(obj), None)
+        else:
+            flavor = parse_resource_flavor(obj)
+            self.flavors[flavor.name] = flavor
+
+    def _apply_topology(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        if event_type == "DELETED":
+            self.topologies.pop(_name(obj), None)
+        else:
+            topology = parse_topology(obj)
+            self.topologies[topology.name] = topology
+
+    def _apply_priority_class(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        if event_type == "DELETED":
+            self.priority_classes.pop(_name(obj), None)
+        else:
+            pc = parse_priority_class(obj)
+            self.priority_classes[pc.name] = pc
+
+    # --- workloads: indexes, timeline, admissions -----------------------------------------
+
+    def _index_workload(self, workload: Workload) -> None:
+        key = workload.key
+        if workload.uid:
+            self._wl_by_uid[workload.uid] = key
+        for uid in (workload.job_uid, workload.owner_uid):
+            if uid:
+                self._wl_by_job[uid] = key
+
+    def _unindex_workload(self, workload: Workload) -> None:
+        key = workload.key
+        if self._wl_by_uid.get(workload.uid) == key:
+            del self._wl_by_uid[workload.uid]
+        for uid in (workload.job_uid, workload.owner_uid):
+            if uid and self._wl_by_job.get(uid) == key:
+                del self._wl_by_job[uid]
+
+    def _add_timeline(self, state: WorkloadState, entry: TimelineEntry) -> None:
+        for known in reversed(state.timeline[-8:]):
+            if known.step == entry.step and known.time == entry.time:
+                return
+        state.timeline.append(entry)
+        state.timeline.sort(key=lambda e: (e.time is None, e.time or 0.0))
+        if len(state.timeline) > self.timeline_limit:
+            # keep "created" (the first entry) and the most recent steps
+            del state.timeline[1 : len(state.timeline) - self.timeline_limit + 1]
+
+    def _observe_admission(self, state: WorkloadState) -> None:
+        workload = state.workload
+        admitted = workload.condition("Admitted")
+        if admitted is None or admitted.status != "True" or admitted.last_transition is None:
+            return
+        if state.observed_admission == admitted.last_transition:
+            return
+        state.observed_admission = admitted.last_transition
+        queued_since = workload.created
+        for cond_type in ("Requeued", "Evicted"):
+            cond = workload.condition(cond_type)
+            if (
+                cond is not None
+                and cond.last_transition is not None
+                and cond.last_transition <= admitted.last_transition
+                and (queued_since is None or cond.last_transition > queued_since)
+            ):
+                queued_since = cond.last_transition
+        if queued_since is None:
+            return
+        request = analysis.workload_request(workload)
+        mode = request.mode if request is not None else "none"
+        hist_key = (self.cluster_queue_of(workload), mode)
+        hist = self.wait_histograms.get(hist_key)
+        if hist is None:
+            hist = self.wait_histograms[hist_key] = WaitHistogram()
+        hist.observe(max(0.0, admitted.last_transition - queued_since))
+
+    # --- preemptions ----------------------------------------------------------------------
+
+    def _record_preemption_from_status(
+        self, old: Workload | None, new: Workload, now: float
+    ) -> None:
+        preempted = new.condition("Preempted")
+        evicted = new.condition("Evicted")
+        cond = None
+        if preempted is not None and preempted.status == "True":
+            cond = preempted
+        elif evicted is not None and evicted.status == "True" and evicted.reason == "Preempted":
+            cond = evicted
+        if cond is None:
+            return
+        if old is not None:
+            before = old.condition(cond.type)
+            if (
+                before is not None
+                and before.status == cond.status
+                and before.last_transition == cond.last_transition
+                and before.message == cond.message
+            ):
+                return
+        reason_hint = preempted.reason if preempted is not None else ""
+        record = self._preemption_record(
+            victim_key=new.key,
+            victim_uid=new.uid,
+            message=cond.message,
+            reason_hint=reason_hint,
+            time=cond.last_transition if cond.last_transition is not None else now,
+            now=now,
+            source="condition",
+        )
+        if record is not None:
+            self._record(record)
+
+    def _preemption_record(
+        self,
+        victim_key: WorkloadKey,
+        victim_uid: str,
+        message: str,
+        reason_hint: str,
+        time: float,
+        now: float,
+        source: str,
+    ) -> PreemptionRecord | None:
+        note = parse_preemption_message(message)
+        if note is None:
+            self._problem(
+                "Workload",
+                "unknown_preemption_message",
+                f"{victim_key[0]}/{victim_key[1]}: unrecognised preemption message "
+                f"{message[:200]!r}",
+            )
+        victim_state = self.workloads.get(victim_key)
+        victim = victim_state.workload if victim_state is not None else None
+        preemptor = (
+            self._find_workload(note.preemptor_uid, note.preemptor_job_uid) if note else None
+        )
+        reason = reason_hint if reason_hint.startswith("In") else ""
+        if not reason and note is not None:
+            reason = reason_for_cause(note.cause)
+        verdict, detail = self._verdict(preemptor, victim, time, now)
+        return PreemptionRecord(
+            time=time,
+            victim_namespace=victim_key[0],
+            victim_name=victim_key[1],
+            victim_uid=victim_uid or (victim.uid if victim else ""),
+            victim_cluster_queue=self.cluster_queue_of(victim) if victim else "",
+            victim_priority=victim.priority if victim else None,
+            preemptor_uid=note.preemptor_uid if note else "",
+            preemptor_job_uid=note.preemptor_job_uid if note else "",
+            preemptor_namespace=preemptor.namespace if preemptor else "",
+            preemptor_name=preemptor.name if preemptor else "",
+            preemptor_cluster_queue=(
+                self.cluster_queue_of(preemptor)
+                if preemptor
+                else _queue_from_path(note.preemptor_path if note else ())
+            ),
+            preemptor_priority=preemptor.priority if preemptor else None,
+            reason=reason or "Unknown",
+            gpus_freed=self._gpus_held(victim_state) if victim_state else 0,
+            verdict=verdict,
+            verdict_detail=detail,
+            message=message,
+            source=source,
+        )
+
+    def _record(self, record: PreemptionRecord) -> bool:
+        new = self.ledger.record(record)
+        if new:
+            self.preemption_counts[
+                (
+                    record.victim_cluster_queue,
+                    record.preemptor_cluster_queue,
+                    record.reason,
+                    record.verdict,
+                )
+            ] += 1
+        return new
+
+    def _verdict(
+        self, preemptor: Workload | None, victim: Workload | None, time: float, now: float
+    ) -> tuple[Verdict, str]:
+        if now - time > VERDICT_FRESHNESS_S:
+            return "unknown", "happened before topowatch was watching; free capacity then unknown"
+        if preemptor is None:
+            return "unknown", "the preemptor is not known to topowatch"
+        request = next(
+            (
+                p.topology
+                for p in preemptor.pod_sets
+                if p.topology.mode == "required" and p.topology.level
+            ),
+            None,
+        )
+        level = level_of_label_key(request.level) if request and request.level else None
+        cq_name = self.cluster_queue_of(preemptor)
+        headroom = self.headroom(cq_name)
+        if level is None:
+            return analysis.preemption_verdict(preemptor.gpus_requested, None, headroom, 0, 0, "")
+        frag = self.tree.fragmentation(level)
+        return analysis.preemption_verdict(
+            preemptor.gpus_requested,
+            level,
+            headroom,
+            frag.free,
+            frag.largest_free,
+            frag.largest_domain,
+        )
+
+    def _find_workload(self, uid: str, job_uid: str) -> Workload | None:
+        key = self._wl_by_uid.get(uid) if uid else None
+        if key is None and job_uid:
+            key = self._wl_by_job.get(job_uid)
+        state = self.workloads.get(key) if key is not None else None
+        return state.workload if state is not None else None
+
+    # --- pods of a workload ---------------------------------------------------------------
+
+    def _groups(self, pod: Pod) -> list[object]:
+        groups: list[object] = []
+        if pod.workload:
+            groups.append((pod.namespace, pod.workload))
+        if pod.owner_uid:
+            groups.append(pod.owner_uid)
+        if pod.job_uid and pod.job_uid != pod.owner_uid:
+            groups.append(pod.job_uid)
+        return groups
+
+    def _group(self, pod: Pod) -> None:
+        for group in self._groups(pod):
+            self._pods_by_group.setdefault(group, set()).add(pod.key)
+            self._group_epoch[group] += 1
+
+    def _ungroup(self, pod: Pod) -> None:
+        for group in self._groups(pod):
+            members = self._pods_by_group.get(group)
+            if members is not None:
+                members.discard(pod.key)
+                if not members:
+                    del self._pods_by_group[group]
+            self._group_epoch[group] += 1
+
+    def _workload_groups(self, workload: Workload) -> list[object]:
+        groups: list[object] = [workload.key]
+        for uid in (workload.owner_uid, workload.job_uid):
+            if uid and uid not in groups:
+                groups.append(uid)
+        return groups
+
+    def pods_of(self, workload: Workload) -> list[Pod]:
+        keys: set[tuple[str, str]] = set()
+        for group in self._workload_groups(workload):
+            keys.update(self._pods_by_group.get(group, ()))
+        pods = [self.pods[k] for k in keys if k in self.pods]
+        return [p for p in pods if p.namespace == workload.namespace]
+
+    def _gpus_held(self, state: WorkloadState) -> int:
+        held = sum(p.gpus for p in self.pods_of(state.workload) if p.holds_gpus)
+        return held or state.workload.gpus_requested
+
+    def locality_of(self, state: WorkloadState) -> Locality:
+        workload = state.workload
+        stamp = (
+            self._labels_epoch,
+            *(self._group_epoch.get(g, 0) for g in self._workload_groups(workload)),
+        )
+        cached = state.locality_cache
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        placements = {}
+        placed = 0
+        for pod in self.pods_of(workload):
+            if not pod.holds_gpus:
+                continue
+            placed += 1
+            place = self.tree.placement(pod.node)
+            if place is not None:
+                placements[pod.node] = place
+        value = analysis.locality(placements, analysis.workload_request(workload), placed)
+        state.locality_cache = (stamp, value)
+        return value
+
+    # --- queues ---------------------------------------------------------------------------
+
+    def cluster_queue_of(self, workload: Workload | None) -> str:
+        if workload is None:
+            return ""
+        if workload.cluster_queue:
+            return workload.cluster_queue
+        lq = self.local_queues.get((workload.namespace, workload.queue_name))
+        return lq.cluster_queue if lq is not None else ""
+
+    def cohort_members(self, cq: ClusterQueue) -> list[ClusterQueue]:
+        if not cq.cohort:
+            return [cq]
+        return [q for q in self.cluster_queues.values() if q.cohort == cq.cohort]
+
+    def headroom(self, cq_name: str) -> int | None:
+        cq = self.cluster_queues.get(cq_name)
+        if cq is None:
+            return None
+        return analysis.quota_headroom(cq, self.cohort_members(cq))
+
+    # --- questions ------------------------------------------------------------------------
+
+    def workload_state(self, namespace: str, name: str) -> WorkloadState | None:
+        return self.workloads.get((namespace, name))
+
+    def find_by_uid(self, uid: str) -> WorkloadState | None:
+        key = self._wl_by_uid.get(uid)
+        return self.workloads.get(key) if key is not None else None
+
+    def pending_cause(self, workload: Workload) -> PendingCause | None:
+        if not is_pending(workload):
+            return None
+        request = next(
+            (p.topology for p in workload.pod_sets if p.topology.mode == "required"), None
+        )
+        level = level_of_label_key(request.level) if request and request.level else None
+        largest_free: int | None = None
+        largest_domain = ""
+        if level is not None:
+            biggest = self.tree.largest_free(level)
+            largest_free = biggest.free if biggest is not None else 0
+            largest_domain = biggest.domain if biggest is not None else ""
+        return analysis.pending_cause(
+            workload, self.headroom(self.cluster_queue_of(workload)), largest_free, largest_domain
+        )
+
+    def pending(self) -> list[tuple[Workload, PendingCause]]:
+        out = []
+        for state in self.workloads.values():
+            cause = self.pending_cause(state.workload)
+            if cause is not None:
+                out.append((state.workload, cause))
+        return out
+
+    def live(self) -> list[WorkloadState]:
+        return [s for s in self.workloads.values() if is_live(s.workload)]
+
+    # --- problems -------------------------------------------------------------------------
+
+    def _problem(self, kind: str, problem: str, detail: str) -> None:
+        self.problems[(kind, problem)] += 1
+        self.recent_problems.append(detail)
+
+    def drain_problems(self) -> list[str]:
+        out = list(self.recent_problems)
+        self.recent_problems.clear()
+        return out
+
+
+def is_live(workload: Workload) -> bool:
+    return workload.is_true("Admitted") and not workload.is_true("Finished")
+
+
+def is_pending(workload: Workload) -> bool:
+    return not workload.is_true("QuotaReserved") and not workload.is_true("Finished")
+
+
+def _queue_from_path(path: tuple[str, ...]) -> str:
+    return path[-1] if path else ""
+
+
+def _object_key(obj: Mapping[str, Any]) -> Any:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    namespace = meta.get("namespace")
+    return (namespace, name) if isinstance(namespace, str) and namespace else name
+
+
+def _resource_version(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return rv if isinstance(rv, str) else ""
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name", "") if isinstance(meta, Mapping) else ""
+    return name if isinstance(name, str) else ""
+
+
+def _namespace(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    ns = meta.get("namespace", "") if isinstance(meta, Mapping) else ""
+    return ns if isinstance(ns, str) else ""
+
+
+def _stub(key: Any) -> dict[str, Any]:
+    if isinstance(key, tuple):
+        return {"metadata": {"namespace": key[0], "name": key[1]}}
+    return {"metadata": {"name": key}}
+
+
+__all__ = [
+    "KINDS",
+    "ClusterModel",
+    "KubeEvent",
+    "WorkloadState",
+    "is_live",
+    "is_pending",
+]
