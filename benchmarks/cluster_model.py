@@ -1,0 +1,193 @@
+"""Cluster model figures: initial sync, watch events/s, /metrics render, explain, RSS, scaling.
+
+Synthetic cluster of 2,000 p5 nodes (16,000 GPUs), 10,000 workloads, 50,000 pods, fed through
+the ClusterModel exactly as the informers deliver it (plain dicts). Prints figures; never
+passes or fails. The side-by-side baseline is the obvious design the issue rules out: recount
+every domain from every pod on each event.
+
+    .venv/bin/python benchmarks/cluster_model.py [--nodes 2000] [--workloads 10000] [--pods 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import random
+import resource
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from exporter.cluster import metrics
+from exporter.cluster.explain import explain_text
+from exporter.cluster.model import ClusterModel, is_live
+from exporter.cluster.views import workload_view
+from exporter.node.exposition import encode_text
+from exporter.sim.synthetic import SyntheticShape, synthetic_cluster
+from exporter.topology.tree import Placement
+
+NOW = 1_795_100_000.0
+ORDER = ("ClusterQueue", "LocalQueue", "Node", "Workload", "Pod")
+
+
+def build(shape: SyntheticShape) -> dict[str, list[dict[str, Any]]]:
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for kind, obj in synthetic_cluster(shape):
+        by_kind[kind].append(obj)
+    return by_kind
+
+
+def sync(objects: dict[str, list[dict[str, Any]]]) -> tuple[ClusterModel, float]:
+    model = ClusterModel()
+    t = time.perf_counter()
+    for kind in ORDER:
+        model.replace(kind, objects[kind], NOW)
+    return model, time.perf_counter() - t
+
+
+def event_stream(
+    objects: dict[str, list[dict[str, Any]]], n: int, seed: int = 1
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """A watch-like mix: pods rebinding/finishing (70 %), workload status updates (20 %),
+    node label/health updates (10 %), each with a fresh resourceVersion."""
+    rng = random.Random(seed)
+    pods = [p for p in objects["Pod"] if p["status"]["phase"] == "Running"]
+    nodes = objects["Node"]
+    workloads = objects["Workload"]
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    for i in range(n):
+        roll = rng.random()
+        rv = str(10_000_000 + i)
+        if roll < 0.7:
+            obj = copy.copy(rng.choice(pods))
+            obj["metadata"] = {**obj["metadata"], "resourceVersion": rv}
+            obj["spec"] = {**obj["spec"], "nodeName": rng.choice(nodes)["metadata"]["name"]}
+            out.append(("Pod", "MODIFIED", obj))
+        elif roll < 0.9:
+            obj = copy.copy(rng.choice(workloads))
+            obj["metadata"] = {**obj["metadata"], "resourceVersion": rv}
+            out.append(("Workload", "MODIFIED", obj))
+        else:
+            obj = copy.deepcopy(rng.choice(nodes))
+            obj["metadata"]["resourceVersion"] = rv
+            health = rng.choice(("Schedulable", "UnschedulablePendingReboot"))
+            obj["metadata"]["labels"]["sagemaker.amazonaws.com/node-health-status"] = health
+            out.append(("Node", "MODIFIED", obj))
+    return out
+
+
+def events_per_second(model: ClusterModel, stream: list[tuple[str, str, dict[str, Any]]]) -> float:
+    t = time.perf_counter()
+    for kind, event_type, obj in stream:
+        model.apply(kind, event_type, obj, NOW)
+    return len(stream) / (time.perf_counter() - t)
+
+
+def naive_recount_per_event(model: ClusterModel, events: int) -> float:
+    """The baseline: recount free GPUs of every domain from every pod, once per event."""
+    placements = {name: Placement.from_labels(dict(n.labels)) for name, n in model.nodes.items()}
+    t = time.perf_counter()
+    for _ in range(events):
+        used: dict[tuple[str, str], int] = defaultdict(int)
+        for pod in model.pods.values():
+            if pod.holds_gpus and pod.node in placements:
+                place = placements[pod.node]
+                for level in (
+                    "network-node-layer-1",
+                    "network-node-layer-2",
+                    "network-node-layer-3",
+                ):
+                    used[(level, place.domain_at(level) or "")] += pod.gpus
+    return (time.perf_counter() - t) / events
+
+
+def render_seconds(model: ClusterModel, repeats: int = 5) -> tuple[float, int]:
+    times = []
+    body = b""
+    for _ in range(repeats):
+        t = time.perf_counter()
+        body = encode_text(metrics.render(model))
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), len(body)
+
+
+def explain_seconds(model: ClusterModel, samples: int = 300) -> tuple[float, float]:
+    rng = random.Random(2)
+    states = list(model.workloads.values())
+    live = [s for s in states if is_live(s.workload)]
+    times = []
+    for _ in range(samples):
+        state = rng.choice(live if rng.random() < 0.7 else states)
+        state.locality_cache = None  # measure the cold path: as if the pods just changed
+        t = time.perf_counter()
+        explain_text(workload_view(model, state))
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return statistics.median(times), times[int(len(times) * 0.99)]
+
+
+def per_event_cost(nodes: int, events: int = 30_000) -> float:
+    shape = SyntheticShape(nodes=nodes, workloads=nodes * 5, pods=nodes * 25)
+    objects = build(shape)
+    model, _ = sync(objects)
+    stream = event_stream(objects, events)
+    gc.collect()
+    gc.freeze()  # as the service does once synced (exporter.cluster.run)
+    best = min(1 / events_per_second(model, stream[i::3]) for i in range(3))
+    gc.unfreeze()
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--workloads", type=int, default=10_000)
+    parser.add_argument("--pods", type=int, default=50_000)
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--skip-scaling", action="store_true")
+    args = parser.parse_args()
+
+    shape = SyntheticShape(nodes=args.nodes, workloads=args.workloads, pods=args.pods)
+    objects = build(shape)
+    counts = {k: len(v) for k, v in objects.items()}
+    print(f"synthetic cluster: {counts}, {args.nodes * shape.gpus_per_node} GPUs")
+    model, seconds = sync(objects)
+    print(f"initial sync through the model: {seconds:.2f} s  (target <= 10 s)")
+    gc.collect()
+    gc.freeze()
+    stream = event_stream(objects, args.events)
+    rate = events_per_second(model, stream)
+    print(f"watch events applied: {rate:,.0f} events/s  (target >= 10,000)")
+    naive = naive_recount_per_event(model, 20)
+    print(
+        f"baseline, recount every domain per event: {1 / naive:,.0f} events/s "
+        f"-> incremental is {rate * naive:,.0f}x faster"
+    )
+    render, size = render_seconds(model)
+    print(
+        f"/metrics render+encode: {render * 1000:.0f} ms, {size / 1024:.0f} KiB  (target <= 250 ms)"
+    )
+    p50, p99 = explain_seconds(model)
+    print(
+        f"explain (view + text, cold locality): p50 {p50 * 1000:.2f} ms, "
+        f"p99 {p99 * 1000:.2f} ms  (target <= 10 ms)"
+    )
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS of this process (objects + model): {rss:.0f} MiB  (target <= 1024 MiB)")
+    if not args.skip_scaling:
+        small = per_event_cost(500)
+        large = per_event_cost(8000)
+        print(
+            f"cost per event: {small * 1e6:.1f} us at 500 nodes, {large * 1e6:.1f} us at 8,000 "
+            f"nodes -> ratio {large / small:.2f}  (target <= 1.5)"
+        )
+
+
+if __name__ == "__main__":
+    main()

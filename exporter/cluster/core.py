@@ -1,0 +1,436 @@
+"""Parse core/v1 Nodes, Pods and Events into `objects` types, and the safe field access both
+parsers share.
+
+The API server hands us JSON-shaped dicts, but a dump file or a buggy client can put a list
+where an object belongs, or a number where a string does. Every helper here returns the field's
+default when it is absent and appends a note when it has the wrong shape, so one malformed
+object never stops a relist of 50,000 Pods. Parsers take an optional `problems` list to collect
+those notes; without one they log them.
+
+The Pod parser is on the startup path (one call per Pod in the cluster), so the helpers test
+`type(x) is dict` before falling back to the slower `isinstance` checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Any, Final
+
+from exporter.cluster.objects import GPU_RESOURCE, KubeEvent, Node, Pod
+
+log = logging.getLogger(__name__)
+
+EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
+
+HEALTH_LABEL: Final = "sagemaker.amazonaws.com/node-health-status"
+WORKLOAD_ANNOTATION: Final = "kueue.x-k8s.io/workload"
+JOB_UID_LABEL: Final = "kueue.x-k8s.io/job-uid"
+QUEUE_NAME_LABEL: Final = "kueue.x-k8s.io/queue-name"
+
+
+# --- safe field access -------------------------------------------------------------------
+
+
+def type_name(value: object) -> str:
+    """The JSON name of a value's type, for problem notes."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, list | tuple):
+        return "list"
+    return type(value).__name__
+
+
+def mapping(value: object, path: str, problems: list[str]) -> Mapping[str, Any]:
+    """`value` if it is an object; empty when absent; empty plus a note when mis-typed."""
+    if type(value) is dict:
+        return value
+    if value is None:
+        return EMPTY
+    if isinstance(value, Mapping):
+        return value
+    problems.append(f"{path}: expected an object, got {type_name(value)}")
+    return EMPTY
+
+
+def items(value: object, path: str, problems: list[str]) -> Sequence[Any]:
+    """`value` if it is a list; empty when absent; empty plus a note when mis-typed."""
+    if type(value) is list:
+        return value
+    if value is None:
+        return ()
+    if isinstance(value, tuple):
+        return value
+    problems.append(f"{path}: expected a list, got {type_name(value)}")
+    return ()
+
+
+def text(value: object, path: str, problems: list[str], default: str = "") -> str:
+    """`value` if it is a string; `default` when absent; `default` plus a note otherwise."""
+    if type(value) is str:
+        return value
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return str(value)
+    problems.append(f"{path}: expected a string, got {type_name(value)}")
+    return default
+
+
+def integer(value: object, path: str, problems: list[str], default: int = 0) -> int:
+    """`value` as an int; whole floats and digit strings are accepted with a note."""
+    if type(value) is int:
+        return value
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,18}", value.strip()):
+        problems.append(f"{path}: expected an integer, got string {value!r} (used)")
+        return int(value)
+    problems.append(f"{path}: expected an integer, got {type_name(value)} {value!r:.40}")
+    return default
+
+
+def flag(value: object, path: str, problems: list[str], default: bool) -> bool:
+    """`value` if it is a boolean; `default` when absent; `default` plus a note otherwise."""
+    if value is True or value is False:
+        return value
+    if value is None:
+        return default
+    problems.append(f"{path}: expected a boolean, got {type_name(value)}")
+    return default
+
+
+def string_map(value: object, path: str, problems: list[str]) -> dict[str, str]:
+    """A labels/annotations/nodeSelector map; entries that are not string to string are dropped."""
+    raw = mapping(value, path, problems)
+    if not raw:
+        return {}
+    result: dict[str, str] = {}
+    for key, val in raw.items():
+        if type(key) is str and type(val) is str:
+            result[key] = val
+        else:
+            problems.append(f"{path}[{key!r}]: expected a string value, got {type_name(val)}")
+    return result
+
+
+def report(kind: str, obj: object, notes: list[str], problems: list[str] | None) -> None:
+    """Hand `notes` to the caller's `problems` list, or log them when the caller gave none."""
+    if not notes:
+        return
+    if problems is not None:
+        problems.extend(notes)
+        return
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
+    where = f"{namespace}/{name}" if namespace else str(name)
+    log.warning("malformed %s %s: %s", kind, where, "; ".join(notes))
+
+
+# --- quantities and times ----------------------------------------------------------------
+
+_SUFFIX_FACTOR: Final[Mapping[str, float]] = {
+    "n": 1e-9,
+    "u": 1e-6,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+    "Ki": 2.0**10,
+    "Mi": 2.0**20,
+    "Gi": 2.0**30,
+    "Ti": 2.0**40,
+    "Pi": 2.0**50,
+    "Ei": 2.0**60,
+}
+# The grammar of resource.Quantity, as the CRDs' `pattern` spells it.
+_QUANTITY = re.compile(
+    r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))"
+    r"(?:(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE]([+-]?(?:\d+(?:\.\d*)?|\.\d+)))?"
+)
+
+
+def parse_quantity(value: str | int | float) -> float:
+    """A Kubernetes quantity ("8", "500m", "1Ki", "2e3", 4) as a number.
+
+    Raises ValueError naming the value when it is not a quantity: callers turn that into a
+    problem note rather than guess.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"quantity must be a number or a string, got boolean {value}")
+    if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ValueError(f"quantity {value!r} is not finite")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"quantity must be a number or a string, got {type_name(value)}")
+    match = _QUANTITY.fullmatch(value.strip())
+    if match is None:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    number, suffix, exponent = match.groups()
+    scale = _SUFFIX_FACTOR[suffix] if suffix else 1.0
+    if exponent is not None:
+        try:
+            scale = math.pow(10.0, float(exponent))
+        except OverflowError:
+            raise ValueError(f"quantity {value!r} is out of range") from None
+    amount = float(number) * scale
+    if not math.isfinite(amount):
+        raise ValueError(f"quantity {value!r} is out of range")
+    return amount
+
+
+def gpu_count(value: object, path: str, problems: list[str]) -> int:
+    """A GPU quantity as a whole number of GPUs (0 when absent or malformed, with a note)."""
+    if type(value) is int and value >= 0:
+        return value
+    if value is None:
+        return 0
+    if type(value) is str and value.isdigit():
+        return int(value)
+    try:
+        amount = parse_quantity(value)  # type: ignore[arg-type]
+    except ValueError as exc:
+        problems.append(f"{path}: {exc}")
+        return 0
+    if amount < 0:
+        problems.append(f"{path}: negative GPU quantity {value!r}")
+        return 0
+    if not amount.is_integer():
+        problems.append(f"{path}: {value!r} is not a whole number of GPUs (rounded down)")
+    return int(amount)
+
+
+@lru_cache(maxsize=8192)
+def _parse_rfc3339(stamp: str) -> float | None:
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(stamp.upper())  # RFC 3339 allows "t" and "z"
+        except ValueError:
+            return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def parse_time(value: object) -> float | None:
+    """An RFC 3339 time (with or without fractional seconds, "Z" or an offset) as Unix seconds.
+
+    Also takes a datetime (what the `kubernetes` client deserializes to) or a number of Unix
+    seconds. Anything else, including an unparsable string, is None.
+    """
+    if isinstance(value, str):
+        return _parse_rfc3339(value.strip()) if value else None
+    if isinstance(value, datetime):
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return moment.timestamp()
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+# --- pod specs and owners (shared with Workload pod templates) ----------------------------
+
+
+def _container_gpus(container: object, path: str, problems: list[str]) -> int:
+    fields = mapping(container, path, problems)
+    resources = mapping(fields.get("resources"), path + ".resources", problems)
+    if not resources:
+        return 0
+    requests = mapping(resources.get("requests"), path + ".resources.requests", problems)
+    amount = requests.get(GPU_RESOURCE)
+    if amount is None:  # Kubernetes defaults an extended resource's request to its limit
+        limits = mapping(resources.get("limits"), path + ".resources.limits", problems)
+        amount = limits.get(GPU_RESOURCE)
+    return gpu_count(amount, path + ".resources", problems)
+
+
+def pod_spec_gpus(spec: Mapping[str, Any], path: str, problems: list[str]) -> int:
+    """GPUs one Pod with this spec asks the scheduler for.
+
+    That is the sum over the app containers and the sidecars (restartable init containers),
+    or the largest ordinary init container plus the sidecars started before it, whichever is
+    more: the Kubernetes effective-request rule.
+    """
+    total = 0
+    for i, container in enumerate(items(spec.get("containers"), path + ".containers", problems)):
+        total += _container_gpus(container, f"{path}.containers[{i}]", problems)
+    inits = spec.get("initContainers")
+    if not inits:
+        return total
+    sidecars = 0
+    peak = 0
+    for i, container in enumerate(items(inits, path + ".initContainers", problems)):
+        gpus = _container_gpus(container, f"{path}.initContainers[{i}]", problems)
+        if isinstance(container, Mapping) and container.get("restartPolicy") == "Always":
+            sidecars += gpus
+        else:
+            peak = max(peak, sidecars + gpus)
+    return max(total + sidecars, peak)
+
+
+def controlling_owner(meta: Mapping[str, Any], problems: list[str]) -> tuple[str, str]:
+    """("Kind/name", uid) of the controller ownerReference, else of the first one."""
+    refs = items(meta.get("ownerReferences"), "metadata.ownerReferences", problems)
+    if not refs:
+        return "", ""
+    chosen: Mapping[str, Any] = EMPTY
+    for ref in refs:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            chosen = ref
+            break
+    else:
+        chosen = mapping(refs[0], "metadata.ownerReferences[0]", problems)
+    path = "metadata.ownerReferences[]"
+    kind = text(chosen.get("kind"), path + ".kind", problems)
+    name = text(chosen.get("name"), path + ".name", problems)
+    uid = text(chosen.get("uid"), path + ".uid", problems)
+    return (f"{kind}/{name}" if kind or name else ""), uid
+
+
+def object_parts(obj: object, problems: list[str]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """(the object, its metadata), each empty with a note when missing or mis-shaped."""
+    if type(obj) is not dict and not isinstance(obj, Mapping):
+        problems.append(f"expected an API object, got {type_name(obj)}")
+        return EMPTY, EMPTY
+    meta = mapping(obj.get("metadata"), "metadata", problems)
+    if not meta:
+        problems.append("metadata missing")
+    return obj, meta
+
+
+# --- Node, Pod, Event --------------------------------------------------------------------
+
+
+def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Node:
+    """A Node: its labels, allocatable GPUs, and whether new Pods can land on it.
+
+    Schedulable means not cordoned, Ready, and not marked Unschedulable* by HyperPod's health
+    agent (which labels a node before it taints or replaces it).
+    """
+    notes: list[str] = []
+    try:
+        body, meta = object_parts(obj, notes)
+        labels = string_map(meta.get("labels"), "metadata.labels", notes)
+        spec = mapping(body.get("spec"), "spec", notes)
+        status = mapping(body.get("status"), "status", notes)
+        allocatable = mapping(status.get("allocatable"), "status.allocatable", notes)
+        gpus = gpu_count(allocatable.get(GPU_RESOURCE), "status.allocatable", notes)
+        ready = False
+        for cond in items(status.get("conditions"), "status.conditions", notes):
+            if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+                ready = cond.get("status") == "True"
+        cordoned = flag(spec.get("unschedulable"), "spec.unschedulable", notes, False)
+        health = labels.get(HEALTH_LABEL, "")
+        node = Node(
+            name=text(meta.get("name"), "metadata.name", notes),
+            labels=tuple(sorted(labels.items())),
+            allocatable_gpus=gpus,
+            schedulable=ready and not cordoned and not health.startswith("Unschedulable"),
+            health=health,
+        )
+    except Exception as exc:  # a parser bug must not take the informer down
+        notes.append(f"unexpected {type(exc).__name__}: {exc}")
+        node = Node(name="", labels=(), allocatable_gpus=0, schedulable=False, health="")
+    report("Node", obj, notes, problems)
+    return node
+
+
+def parse_pod(obj: Mapping[str, Any], problems: list[str] | None = None) -> Pod:
+    """A Pod: where it runs, how many GPUs it holds, and which Kueue workload it belongs to."""
+    notes: list[str] = []
+    try:
+        body, meta = object_parts(obj, notes)
+        spec = mapping(body.get("spec"), "spec", notes)
+        status = mapping(body.get("status"), "status", notes)
+        labels = mapping(meta.get("labels"), "metadata.labels", notes)
+        annotations = mapping(meta.get("annotations"), "metadata.annotations", notes)
+        owner, owner_uid = controlling_owner(meta, notes)
+        pod = Pod(
+            namespace=text(meta.get("namespace"), "metadata.namespace", notes),
+            name=text(meta.get("name"), "metadata.name", notes),
+            uid=text(meta.get("uid"), "metadata.uid", notes),
+            node=text(spec.get("nodeName"), "spec.nodeName", notes),
+            phase=text(status.get("phase"), "status.phase", notes),
+            gpus=pod_spec_gpus(spec, "spec", notes),
+            workload=text(annotations.get(WORKLOAD_ANNOTATION), "metadata.annotations", notes),
+            job_uid=text(labels.get(JOB_UID_LABEL), "metadata.labels", notes),
+            queue_name=text(labels.get(QUEUE_NAME_LABEL), "metadata.labels", notes),
+            owner=owner,
+            owner_uid=owner_uid,
+        )
+    except Exception as exc:  # a parser bug must not take the informer down
+        notes.append(f"unexpected {type(exc).__name__}: {exc}")
+        pod = Pod("", "", "", "", "", 0, "", "", "", "", "")
+    report("Pod", obj, notes, problems)
+    return pod
+
+
+def parse_event(obj: Mapping[str, Any], problems: list[str] | None = None) -> KubeEvent:
+    """A core/v1 Event (events.k8s.io/v1 field names are read too).
+
+    Events from the new recorder leave count, firstTimestamp and lastTimestamp empty and carry
+    eventTime and series instead, so the times fall back along that chain and finally to the
+    object's creation time.
+    """
+    notes: list[str] = []
+    try:
+        body, meta = object_parts(obj, notes)
+        involved = body.get("involvedObject", body.get("regarding"))
+        target = mapping(involved, "involvedObject", notes)
+        series = mapping(body.get("series"), "series", notes)
+        count = integer(body.get("count", body.get("deprecatedCount")), "count", notes)
+        if count <= 0:
+            count = integer(series.get("count"), "series.count", notes) or 1
+        event_time = parse_time(body.get("eventTime"))
+        created = parse_time(meta.get("creationTimestamp"))
+        first = parse_time(body.get("firstTimestamp", body.get("deprecatedFirstTimestamp")))
+        last = parse_time(body.get("lastTimestamp", body.get("deprecatedLastTimestamp")))
+        if first is None:
+            first = event_time if event_time is not None else created
+        if last is None:
+            last = parse_time(series.get("lastObservedTime"))
+        if last is None:
+            last = event_time if event_time is not None else first
+        message = body.get("message", body.get("note"))
+        event = KubeEvent(
+            namespace=text(meta.get("namespace"), "metadata.namespace", notes),
+            name=text(meta.get("name"), "metadata.name", notes),
+            uid=text(meta.get("uid"), "metadata.uid", notes),
+            involved_kind=text(target.get("kind"), "involvedObject.kind", notes),
+            involved_namespace=text(target.get("namespace"), "involvedObject.namespace", notes),
+            involved_name=text(target.get("name"), "involvedObject.name", notes),
+            involved_uid=text(target.get("uid"), "involvedObject.uid", notes),
+            reason=text(body.get("reason"), "reason", notes),
+            message=text(message, "message", notes),
+            type=text(body.get("type"), "type", notes),
+            count=count,
+            first_seen=first,
+            last_seen=last,
+        )
+    except Exception as exc:  # a parser bug must not take the informer down
+        notes.append(f"unexpected {type(exc).__name__}: {exc}")
+        event = KubeEvent("", "", "", "", "", "", "", "", "", "", 1, None, None)
+    report("Event", obj, notes, problems)
+    return event
