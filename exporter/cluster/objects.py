@@ -131,7 +131,8 @@ class ClusterQueue:
     borrowed: int  # GPUs borrowed from the cohort (status.flavorsUsage[].resources[].borrowed)
     pending_workloads: int
     admitted_workloads: int
-    preemption: tuple[tuple[str, str], ...]  # (policy field, value), e.g. ("withinClusterQueue", "LowerPriority")
+    # (policy field, value), e.g. ("withinClusterQueue", "LowerPriority")
+    preemption: tuple[tuple[str, str], ...]
 
     @property
     def nominal(self) -> int:

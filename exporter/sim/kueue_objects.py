@@ -1,0 +1,653 @@
+"""API objects of the simulated HyperPod cluster, shaped as the real API server returns them.
+
+Kueue objects are in the storage version (kueue.x-k8s.io/v1beta2) and carry only fields the
+CRD schemas define; quantities are strings, times RFC 3339 in whole seconds, as the API server
+serialises them. The simulation keeps its own mutable records (`SimWorkload`, `SimPod`); the
+functions here only render them, so the same state always renders to the same dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from exporter.sim.kueue_scheduler import GPU, HOSTNAME, Mode, Quota
+
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
+PODSET_LABEL = "kueue.x-k8s.io/podset"
+TAS_LABEL = "kueue.x-k8s.io/tas"
+RESOURCE_IN_USE = "kueue.x-k8s.io/resource-in-use"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+TOPOLOGY_ANNOTATIONS = {
+    "required": "kueue.x-k8s.io/podset-required-topology",
+    "preferred": "kueue.x-k8s.io/podset-preferred-topology",
+}
+HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
+ADMISSION = "kueue-admission"  # Kueue's scheduler records its events under this name
+POD_SET = "main"
+CONTAINER = "trainer"
+Obj = dict[str, Any]
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(int(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def quantity(n: int) -> str:
+    return str(n)
+
+
+def node_ip(index: int) -> str:
+    """The simulated private address of the index-th node."""
+    return f"10.1.{index // 250}.{index % 250 + 4}"
+
+
+# --- records the simulation mutates ---------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SimPod:
+    name: str
+    uid: str
+    index: int
+    node: str
+    gpu_indices: tuple[int, ...]
+    created: float
+
+
+@dataclass(slots=True)
+class SimWorkload:
+    """One Job and its Workload, as the simulation tracks them."""
+
+    team: str
+    namespace: str
+    job: str
+    job_uid: str
+    name: str
+    uid: str
+    created: float
+    local_queue: str
+    cluster_queue: str
+    priority_class: str
+    priority: int
+    flavor: str
+    pods: int
+    gpus_per_pod: int
+    topology: tuple[Mode, str] | None
+    remaining: float  # seconds of running still needed to finish
+    scripted: bool = False
+    phase: str = "pending"  # pending | admitted | finished
+    queued_at: float = 0.0  # ordering timestamp: creation, or the last eviction
+    conditions: dict[str, Obj] = field(default_factory=dict)
+    admission: Obj | None = None
+    evaluated: bool = False  # the scheduler has looked at it (status.resourceRequests)
+    pending_message: str = ""
+    nominated: bool = False  # it preempted others and waits for their quota
+    started: float | None = None
+    finish_at: float | None = None
+    finished_at: float | None = None
+    requeue_count: int = 0
+    requeue_at: float | None = None
+    evictions: int = 0
+    sim_pods: list[SimPod] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def gpus(self) -> int:
+        return self.pods * self.gpus_per_pod
+
+
+def set_condition(
+    conditions: dict[str, Obj], type_: str, status: str, reason: str, message: str, now: float
+) -> bool:
+    """apimeta.SetStatusCondition: the transition time moves only when the status does."""
+    old = conditions.get(type_)
+    since = rfc3339(now)
+    if old is not None and old["status"] == status:
+        since = old["lastTransitionTime"]
+    new = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since,
+        "observedGeneration": 1,
+    }
+    if old == new:
+        return False
+    conditions[type_] = new
+    return True
+
+
+# --- topology assignment (v1beta2 slices) ----------------------------------------------------
+
+
+def _compact(values: Sequence[str]) -> Obj:
+    """One level's values: `universal` when all equal, else common prefix/suffix + roots, as
+    Kueue's singleCompactSliceEncoding writes them."""
+    if all(v == values[0] for v in values):
+        return {"universal": values[0]}
+    prefix = values[0]
+    suffix = values[0]
+    for v in values[1:]:
+        while not v.startswith(prefix):
+            prefix = prefix[:-1]
+        while not v.endswith(suffix):
+            suffix = suffix[1:]
+    shortest = min(len(v) for v in values)
+    if len(prefix) + len(suffix) > shortest:
+        prefix = prefix[: shortest - len(suffix)]
+    individual: Obj = {}
+    if prefix:
+        individual["prefix"] = prefix
+    if suffix:
+        individual["suffix"] = suffix
+    individual["roots"] = [v[len(prefix) : len(v) - len(suffix)] for v in values]
+    return {"individual": individual}
+
+
+def encode_topology_assignment(
+    levels: Sequence[str], domains: Sequence[tuple[tuple[str, ...], int]]
+) -> Obj:
+    """The v1beta2 `topologyAssignment` for `domains` ((values per level, pod count) pairs).
+
+    When the topology's lowest level is the hostname Kueue records only that level, since a
+    node name identifies the domain; callers pass levels and values accordingly.
+    """
+    counts = [count for _, count in domains]
+    pod_counts: Obj = (
+        {"universal": counts[0]} if all(c == counts[0] for c in counts) else {"individual": counts}
+    )
+    return {
+        "levels": list(levels),
+        "slices": [
+            {
+                "domainCount": len(domains),
+                "valuesPerLevel": [
+                    _compact([values[i] for values, _ in domains]) for i in range(len(levels))
+                ],
+                "podCounts": pod_counts,
+            }
+        ],
+    }
+
+
+def node_assignment(placement: Iterable[tuple[str, int]]) -> Obj:
+    return encode_topology_assignment([HOSTNAME], [((node,), pods) for node, pods in placement])
+
+
+# --- cluster-scoped setup objects -------------------------------------------------------------
+
+_NODE_RESOURCES = {  # allocatable besides GPUs, per instance type (illustrative figures)
+    "ml.p5.48xlarge": {"cpu": "191450m", "memory": "2007812736Ki", "vpc.amazonaws.com/efa": "32"},
+    "ml.p6e-gb200.36xlarge": {
+        "cpu": "143450m",
+        "memory": "963658048Ki",
+        "vpc.amazonaws.com/efa": "8",
+    },
+}
+
+
+def meta(name: str, uid: str, created: float, namespace: str | None = None) -> Obj:
+    out: Obj = {"name": name}
+    if namespace is not None:
+        out["namespace"] = namespace
+    out.update({"uid": uid, "creationTimestamp": rfc3339(created), "generation": 1})
+    return out
+
+
+def node_manifest(
+    name: str,
+    labels: Mapping[str, str],
+    gpus: int,
+    uid: str,
+    created: float,
+    health: str,
+    index: int,
+) -> Obj:
+    """A HyperPod worker Node; any health but Schedulable cordons it the way HyperPod does
+    (spec.unschedulable plus a NoSchedule taint carrying the health status)."""
+    m = meta(name, uid, created)
+    del m["generation"]
+    m["labels"] = dict(labels)
+    instance_type = labels.get("node.kubernetes.io/instance-type", "")
+    zone = labels.get("topology.kubernetes.io/zone", "")
+    spec: Obj = {"providerID": f"aws:///{zone}/{name.removeprefix('hyperpod-')}"}
+    if health != "Schedulable":
+        spec["unschedulable"] = True
+        spec["taints"] = [
+            {"key": HEALTH_LABEL, "value": health, "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+        ]
+    resources = {
+        **_NODE_RESOURCES.get(instance_type, {}),
+        GPU: quantity(gpus),
+        "pods": "110",
+    }
+    since = rfc3339(created)
+    pressure = [
+        {
+            "type": kind,
+            "status": "False",
+            "reason": f"KubeletHasNo{kind}" if kind != "PIDPressure" else "KubeletHasSufficientPID",
+            "message": "kubelet is healthy",
+            "lastHeartbeatTime": since,
+            "lastTransitionTime": since,
+        }
+        for kind in ("MemoryPressure", "DiskPressure", "PIDPressure")
+    ]
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "kubelet is posting ready status",
+        "lastHeartbeatTime": since,
+        "lastTransitionTime": since,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": m,
+        "spec": spec,
+        "status": {
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
+            "conditions": [*pressure, ready],
+            "addresses": [
+                {"type": "InternalIP", "address": node_ip(index)},
+                {"type": "Hostname", "address": name},
+            ],
+        },
+    }
+
+
+def namespace_manifest(name: str, uid: str, created: float) -> Obj:
+    m = meta(name, uid, created)
+    del m["generation"]
+    m["labels"] = {
+        "kubernetes.io/metadata.name": name,
+        "sagemaker.amazonaws.com/sagemaker-managed-queue": "true",
+        "sagemaker.amazonaws.com/activate-quota": "Enabled",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": m,
+        "spec": {"finalizers": ["kubernetes"]},
+        "status": {"phase": "Active"},
+    }
+
+
+def topology_manifest(name: str, levels: Sequence[str], uid: str, created: float) -> Obj:
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "Topology",
+        "metadata": meta(name, uid, created),
+        "spec": {"levels": [{"nodeLabel": level} for level in levels]},
+    }
+
+
+def resource_flavor_manifest(
+    name: str, node_labels: Mapping[str, str], topology: str, uid: str, created: float
+) -> Obj:
+    m = meta(name, uid, created)
+    m["finalizers"] = [RESOURCE_IN_USE]
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "ResourceFlavor",
+        "metadata": m,
+        "spec": {"nodeLabels": dict(node_labels), "topologyName": topology},
+    }
+
+
+def priority_class_manifest(
+    name: str, value: int, description: str, uid: str, created: float
+) -> Obj:
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "WorkloadPriorityClass",
+        "metadata": meta(name, uid, created),
+        "value": value,
+        "description": description,
+    }
+
+
+def cohort_manifest(name: str, uid: str, created: float) -> Obj:
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "Cohort",
+        "metadata": meta(name, uid, created),
+        "spec": {},
+    }
+
+
+def _flavor_quota(name: str, quota: Quota) -> Obj:
+    resource: Obj = {"name": GPU, "nominalQuota": quantity(quota.nominal)}
+    if quota.borrowing_limit is not None:
+        resource["borrowingLimit"] = quantity(quota.borrowing_limit)
+    if quota.lending_limit is not None:
+        resource["lendingLimit"] = quantity(quota.lending_limit)
+    return {"name": name, "resources": [resource]}
+
+
+def _usage_list(usage: Mapping[str, tuple[int, int]], with_borrowed: bool) -> list[Obj]:
+    out = []
+    for flavor, (total, borrowed) in usage.items():
+        res: Obj = {"name": GPU, "total": quantity(total)}
+        if with_borrowed:
+            res["borrowed"] = quantity(borrowed)
+        out.append({"name": flavor, "resources": [res]})
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    pending: int
+    reserving: int
+    admitted: int
+
+
+def cluster_queue_manifest(
+    name: str,
+    cohort: str,
+    namespace: str,
+    quotas: Mapping[str, Quota],
+    borrow_max_priority: int | None,
+    usage: Mapping[str, tuple[int, int]],  # flavor -> (total, borrowed)
+    counts: QueueCounts,
+    uid: str,
+    created: float,
+) -> Obj:
+    m = meta(name, uid, created)
+    m["finalizers"] = [RESOURCE_IN_USE]
+    preemption: Obj = {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"}
+    if borrow_max_priority is not None:
+        preemption["borrowWithinCohort"] = {
+            "policy": "LowerPriority",
+            "maxPriorityThreshold": borrow_max_priority,
+        }
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "ClusterQueue",
+        "metadata": m,
+        "spec": {
+            "cohortName": cohort,
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "queueingStrategy": "BestEffortFIFO",
+            "preemption": preemption,
+            "resourceGroups": [
+                {
+                    "coveredResources": [GPU],
+                    "flavors": [_flavor_quota(f, q) for f, q in quotas.items()],
+                }
+            ],
+            "stopPolicy": "None",
+        },
+        "status": {
+            "conditions": [
+                {
+                    "type": "Active",
+                    "status": "True",
+                    "reason": "Ready",
+                    "message": "Can admit new workloads",
+                    "lastTransitionTime": rfc3339(created),
+                    "observedGeneration": 1,
+                }
+            ],
+            "flavorsReservation": _usage_list(usage, with_borrowed=True),
+            "flavorsUsage": _usage_list(usage, with_borrowed=True),
+            "pendingWorkloads": counts.pending,
+            "reservingWorkloads": counts.reserving,
+            "admittedWorkloads": counts.admitted,
+        },
+    }
+
+
+def local_queue_manifest(
+    name: str,
+    namespace: str,
+    cluster_queue: str,
+    usage: Mapping[str, tuple[int, int]],
+    counts: QueueCounts,
+    uid: str,
+    created: float,
+) -> Obj:
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "LocalQueue",
+        "metadata": meta(name, uid, created, namespace),
+        "spec": {"clusterQueue": cluster_queue, "stopPolicy": "None"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "Active",
+                    "status": "True",
+                    "reason": "Ready",
+                    "message": "Can submit new workloads to localQueue",
+                    "lastTransitionTime": rfc3339(created),
+                    "observedGeneration": 1,
+                }
+            ],
+            "flavorsReservation": _usage_list(usage, with_borrowed=False),
+            "flavorsUsage": _usage_list(usage, with_borrowed=False),
+            "pendingWorkloads": counts.pending,
+            "reservingWorkloads": counts.reserving,
+            "admittedWorkloads": counts.admitted,
+        },
+    }
+
+
+# --- Job, Workload, Pod ----------------------------------------------------------------------
+
+
+def _container(w: SimWorkload) -> Obj:
+    gpus = {GPU: quantity(w.gpus_per_pod)}
+    return {
+        "name": CONTAINER,
+        "image": "public.ecr.aws/hpc-cloud/nccl-tests:latest",
+        "command": ["torchrun", "--nnodes", str(w.pods), "train.py"],
+        "resources": {"requests": dict(gpus), "limits": dict(gpus)},
+    }
+
+
+def _pod_template(w: SimWorkload, instance_label: str) -> Obj:
+    annotations = {}
+    if w.topology is not None:
+        annotations[TOPOLOGY_ANNOTATIONS[w.topology[0]]] = w.topology[1]
+    metadata: Obj = {"labels": {QUEUE_LABEL: w.local_queue, "app": w.job}}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {
+        "metadata": metadata,
+        "spec": {
+            "containers": [_container(w)],
+            "nodeSelector": {instance_label: w.flavor},
+            "restartPolicy": "Never",
+        },
+    }
+
+
+def _owner(w: SimWorkload) -> list[Obj]:
+    return [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": w.job,
+            "uid": w.job_uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def workload_manifest(w: SimWorkload, instance_label: str) -> Obj:
+    m = meta(w.name, w.uid, w.created, w.namespace)
+    m["labels"] = {JOB_UID_LABEL: w.job_uid}
+    m["ownerReferences"] = _owner(w)
+    if w.phase == "admitted":
+        m["finalizers"] = [RESOURCE_IN_USE]
+    pod_set: Obj = {
+        "name": POD_SET,
+        "count": w.pods,
+        "template": _pod_template(w, instance_label),
+    }
+    if w.topology is not None:
+        pod_set["topologyRequest"] = {
+            w.topology[0]: w.topology[1],
+            "podIndexLabel": COMPLETION_INDEX,
+        }
+    status: Obj = {}
+    if w.conditions:
+        status["conditions"] = list(w.conditions.values())
+    if w.admission is not None:
+        status["admission"] = w.admission
+    elif w.evaluated and w.phase == "pending":
+        status["resourceRequests"] = [{"name": POD_SET, "resources": {GPU: quantity(w.gpus)}}]
+    if w.requeue_count and w.requeue_at is not None:
+        status["requeueState"] = {"count": w.requeue_count, "requeueAt": rfc3339(w.requeue_at)}
+    if w.evictions:
+        status["schedulingStats"] = {
+            "evictions": [{"reason": "Preempted", "underlyingCause": "", "count": w.evictions}]
+        }
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "Workload",
+        "metadata": m,
+        "spec": {
+            "active": True,
+            "queueName": w.local_queue,
+            "priorityClassRef": {
+                "group": "kueue.x-k8s.io",
+                "kind": "WorkloadPriorityClass",
+                "name": w.priority_class,
+            },
+            "priority": w.priority,
+            "podSets": [pod_set],
+        },
+        "status": status,
+    }
+
+
+def admission_manifest(w: SimWorkload, placement: Sequence[tuple[str, int]]) -> Obj:
+    return {
+        "clusterQueue": w.cluster_queue,
+        "podSetAssignments": [
+            {
+                "name": POD_SET,
+                "flavors": {GPU: w.flavor},
+                "resourceUsage": {GPU: quantity(w.gpus)},
+                "count": w.pods,
+                "topologyAssignment": node_assignment(placement),
+            }
+        ],
+    }
+
+
+def pod_manifest(w: SimWorkload, pod: SimPod, instance_label: str, node_index: int) -> Obj:
+    m = meta(pod.name, pod.uid, pod.created, w.namespace)
+    del m["generation"]
+    index = str(pod.index)
+    m["labels"] = {
+        "batch.kubernetes.io/controller-uid": w.job_uid,
+        "batch.kubernetes.io/job-name": w.job,
+        "controller-uid": w.job_uid,
+        "job-name": w.job,
+        COMPLETION_INDEX: index,
+        QUEUE_LABEL: w.local_queue,
+        PODSET_LABEL: POD_SET,
+        TAS_LABEL: "true",
+        "app": w.job,
+    }
+    annotations = {COMPLETION_INDEX: index, WORKLOAD_ANNOTATION: w.name}
+    if w.topology is not None:
+        annotations[TOPOLOGY_ANNOTATIONS[w.topology[0]]] = w.topology[1]
+    m["annotations"] = annotations
+    m["ownerReferences"] = _owner(w)
+    started = rfc3339(pod.created)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": m,
+        "spec": {
+            "containers": [_container(w)],
+            "nodeName": pod.node,
+            "nodeSelector": {instance_label: w.flavor, HOSTNAME: pod.node},
+            "restartPolicy": "Never",
+            "schedulerName": "default-scheduler",
+            "hostname": f"{w.job}-{index}",
+        },
+        "status": {
+            "phase": "Running",
+            "hostIP": node_ip(node_index),
+            "startTime": started,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": started},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": started},
+                {"type": "ContainersReady", "status": "True", "lastTransitionTime": started},
+                {"type": "Ready", "status": "True", "lastTransitionTime": started},
+            ],
+            "containerStatuses": [
+                {
+                    "name": CONTAINER,
+                    "ready": True,
+                    "started": True,
+                    "restartCount": 0,
+                    "image": "public.ecr.aws/hpc-cloud/nccl-tests:latest",
+                    "state": {"running": {"startedAt": started}},
+                }
+            ],
+        },
+    }
+
+
+def event_manifest(
+    name: str,
+    uid: str,
+    involved: Mapping[str, str],
+    reason: str,
+    message: str,
+    type_: str,
+    component: str,
+    count: int,
+    first: float,
+    last: float,
+) -> Obj:
+    """A core/v1 Event as a client-go recorder writes it (source + reporting component)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": name,
+            "namespace": involved["namespace"],
+            "uid": uid,
+            "creationTimestamp": rfc3339(first),
+        },
+        "involvedObject": dict(involved),
+        "reason": reason,
+        "message": message,
+        "type": type_,
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": "",
+        "firstTimestamp": rfc3339(first),
+        "lastTimestamp": rfc3339(last),
+        "count": count,
+    }
+
+
+def involved_workload(w: SimWorkload) -> dict[str, str]:
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "Workload",
+        "name": w.name,
+        "namespace": w.namespace,
+        "uid": w.uid,
+    }
