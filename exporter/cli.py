@@ -19,6 +19,7 @@ from exporter.sim.profiles import PROFILES, get_profile
 log = logging.getLogger("topowatch")
 
 DEFAULT_NODE_PORT = 9402
+DEFAULT_CLUSTER_PORT = 9403
 ONCE_SETTLE_SECONDS = 1.0
 
 
@@ -109,7 +110,149 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the simulation writes its sysfs/proc tree (default: a temp dir)",
     )
     node.set_defaults(func=run_node)
+    add_cluster_parsers(sub)
     return parser
+
+
+def add_cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cluster = sub.add_parser(
+        "cluster",
+        help="the cluster service: Kueue admission, preemption and placement vs topology",
+        description="Watch Nodes, Pods, Events and Kueue objects; serve /metrics and /api/v1.",
+    )
+    cluster.add_argument(
+        "--simulate",
+        action="store_true",
+        help="run against a simulated HyperPod cluster served on loopback",
+    )
+    cluster.add_argument(
+        "--listen",
+        type=parse_listen,
+        default=("0.0.0.0", DEFAULT_CLUSTER_PORT),
+        metavar="HOST:PORT",
+    )
+    cluster.add_argument(
+        "--workload-series-cap",
+        type=int,
+        default=2000,
+        metavar="N",
+        help="live workloads with per-workload series (largest first)",
+    )
+    cluster.add_argument("--seed", type=int, default=0, help="seed of the simulation")
+    cluster.set_defaults(func=run_cluster)
+
+    explain = sub.add_parser(
+        "explain",
+        help="why a workload was preempted or is pending, and where it runs",
+        description="Ask a running cluster service (--server) or read a kubectl dump (--from).",
+    )
+    explain.add_argument("target", nargs="?", metavar="NAMESPACE/NAME")
+    source = explain.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--from",
+        dest="dump",
+        type=Path,
+        metavar="DUMP.yaml",
+        help="kubectl get nodes,pods,workloads,clusterqueues,localqueues,events -A -o yaml",
+    )
+    source.add_argument("--server", metavar="URL", help="a running `topowatch cluster`")
+    explain.add_argument(
+        "--all-preemptions", action="store_true", help="list the preemption ledger"
+    )
+    explain.add_argument("--json", action="store_true", help="machine-readable output")
+    explain.set_defaults(func=run_explain)
+
+    demo = sub.add_parser(
+        "demo",
+        help="the whole system on the simulation, one command",
+        description="Simulated cluster + API server, a node agent per node, the cluster service.",
+    )
+    demo.add_argument(
+        "--listen",
+        type=parse_listen,
+        default=("127.0.0.1", DEFAULT_CLUSTER_PORT),
+        metavar="HOST:PORT",
+    )
+    demo.add_argument(
+        "--node-port-base",
+        type=int,
+        default=9410,
+        metavar="PORT",
+        help="first node agent port (one per node); 0 picks free ports",
+    )
+    demo.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a node fault (repeatable), e.g. node=NAME:xid=79@gpu3",
+    )
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S s")
+    demo.add_argument("--no-node-agents", action="store_true", help="only the cluster side")
+    demo.set_defaults(func=run_demo)
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    from exporter.cluster.run import kube_api_client, serve_cluster
+
+    host, port = args.listen
+    env = None
+    if args.simulate:
+        from exporter.sim.environment import SimulatedEnvironment
+
+        env = SimulatedEnvironment(seed=args.seed).start()
+        log.info("simulated Kubernetes API on %s", env.url)
+    try:
+        client = kube_api_client(env.url if env is not None else None)
+    except Exception as exc:  # no in-cluster config and no kubeconfig
+        print(f"topowatch cluster: no Kubernetes API configuration: {exc}", file=sys.stderr)
+        return 2
+    try:
+        serve_cluster(client, host, port, workload_cap=args.workload_series_cap)
+    finally:
+        if env is not None:
+            env.stop()
+    return 0
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from exporter.cluster.run import explain_live, explain_offline, print_or_fail
+
+    if not args.all_preemptions and not args.target:
+        print("topowatch explain: give NAMESPACE/NAME or --all-preemptions", file=sys.stderr)
+        return 2
+    if args.dump is not None:
+        return print_or_fail(
+            lambda: explain_offline(args.dump, args.target, args.all_preemptions, args.json),
+            "topowatch explain",
+        )
+    return print_or_fail(
+        lambda: explain_live(args.server, args.target, args.all_preemptions, args.json),
+        "topowatch explain",
+    )
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from exporter.sim.demo import run_demo as demo
+
+    host, port = args.listen
+    try:
+        faults = parse_faults(args.fault)
+        return demo(
+            host,
+            port,
+            args.node_port_base,
+            faults,
+            args.seed,
+            args.duration,
+            with_agents=not args.no_node_agents,
+        )
+    except (ValueError, FaultSpecError) as e:
+        print(f"topowatch demo: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
 
 
 def real_sources(args: argparse.Namespace, node_name: str) -> NodeSources:

@@ -216,9 +216,23 @@ def test_preemptor_arriving_after_its_victim_is_filled_in() -> None:
     victim = run(model, NS_A, "victim", [("n1", 1)])
     preemptor = kueue(s.workload(NS_B, "later", 1, 8, T0, priority=1000))
     preempt(model, victim, preemptor, T0 + 10, reason="InCohortReclamation")
-    assert list(model.ledger)[0].preemptor_name == ""
+    assert next(iter(model.ledger)).preemptor_name == ""
+    assert not model.preemption_counts  # counted once its labels are settled, never taken back
     model.apply("Workload", "ADDED", preemptor, T0 + 12)
-    assert list(model.ledger)[0].preemptor == f"{NS_B}/later"
+    assert next(iter(model.ledger)).preemptor == f"{NS_B}/later"
+    assert model.preemption_counts == {(CQ_A, CQ_B, "InCohortReclamation", "quota"): 1}
+
+
+def test_a_preemptor_that_never_appears_is_counted_after_a_minute() -> None:
+    model = ClusterModel()
+    two_domain_cluster(model)
+    victim = run(model, NS_A, "victim", [("n1", 1)])
+    ghost = kueue(s.workload(NS_B, "ghost", 1, 8, T0, priority=1000))
+    preempt(model, victim, ghost, T0 + 10, reason="InCohortReclamation")
+    model.apply("Node", "ADDED", s.node("n9", ("t", "m", "nn-c"), rv="2"), T0 + 100)
+    assert sum(model.preemption_counts.values()) == 1
+    ((_, _, _, cause),) = model.preemption_counts
+    assert cause == "unknown"
 
 
 @pytest.mark.parametrize(
@@ -341,7 +355,8 @@ def test_ledger_is_bounded_and_counts_what_it_dropped() -> None:
             s.preemption_event(
                 NS_A,
                 f"v{i}",
-                "Preempted to accommodate a workload (UID: x) due to prioritization in the ClusterQueue",
+                "Preempted to accommodate a workload (UID: x) due to prioritization in the "
+                "ClusterQueue",
                 T0 + i,
             ),
             T0 + i,
@@ -485,3 +500,29 @@ def test_huge_workload_parses_in_reasonable_time() -> None:
     state = model.workload_state(NS_A, "huge")
     assert state is not None
     assert len(state.workload.placements[0].domains) == 10_000
+
+
+def test_topology_verdict_survives_events_arriving_out_of_order() -> None:
+    """Informers deliver Pods and Workloads on separate streams: the victim's pods may be gone
+    and the preemptor's pods bound before the victim's Preempted condition arrives. The verdict
+    must judge the capacity Kueue saw, not the capacity after the swap."""
+    model = ClusterModel()
+    two_domain_cluster(model)
+    model.apply("ClusterQueue", "ADDED", kueue(s.cluster_queue(CQ_A, 32, used=16)), T0)
+    victim = run(model, NS_A, "victim", [("n1", 1)], priority=1)
+    run(model, NS_A, "other", [("n3", 1)], priority=1)
+    preemptor = kueue(
+        s.workload(NS_A, "compact", 2, 8, T0, priority=1000, topology=("required", L3))
+    )
+    model.apply("Workload", "ADDED", preemptor, T0)
+    # The swap lands first: the victim's pod is deleted, the preemptor's two pods bound in nn-a.
+    model.apply("Pod", "DELETED", {"metadata": {"namespace": NS_A, "name": "victim-0"}}, T0 + 9)
+    job_uid = preemptor["metadata"]["labels"]["kueue.x-k8s.io/job-uid"]
+    for i, node_name in enumerate(("n1", "n2")):
+        model.apply(
+            "Pod", "ADDED", s.pod(NS_A, f"compact-{i}", node_name, 8, job_uid, "compact"), T0 + 9
+        )
+    preempt(model, victim, preemptor, T0 + 10)
+    (record,) = list(model.ledger)
+    assert record.verdict == "topology", record.verdict_detail
+    assert "largest free network-node-layer-3 domain had 8" in record.verdict_detail

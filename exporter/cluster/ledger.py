@@ -74,14 +74,16 @@ class PreemptionLedger:
     def __iter__(self) -> Iterator[PreemptionRecord]:
         return iter(self._records.values())
 
-    def record(self, entry: PreemptionRecord) -> bool:
-        """Add `entry`, or fold it into the same preemption already known. True when new."""
+    def record(self, entry: PreemptionRecord) -> tuple[int, bool]:
+        """Add `entry`, or fold it into the same preemption already known.
+
+        Returns the entry's id and whether it is new."""
         victim = (entry.victim_namespace, entry.victim_name)
         for rid in self._by_victim.get(victim, ()):
             known = self._records[rid]
             if _same_preemption(known, entry):
                 self._records[rid] = _merge(known, entry)
-                return False
+                return rid, False
         rid = self._next_id
         self._next_id += 1
         self._records[rid] = entry
@@ -90,7 +92,15 @@ class PreemptionLedger:
             self._by_preemptor_uid.setdefault(entry.preemptor_uid, []).append(rid)
         while len(self._records) > self.capacity:
             self._evict_oldest()
-        return True
+        return rid, True
+
+    def get(self, rid: int) -> PreemptionRecord | None:
+        return self._records.get(rid)
+
+    def update(self, rid: int, entry: PreemptionRecord) -> None:
+        """Replace a known entry (same victim and preemptor UID); ignored once evicted."""
+        if rid in self._records:
+            self._records[rid] = entry
 
     def suffered_by(self, namespace: str, name: str) -> list[PreemptionRecord]:
         return [self._records[rid] for rid in self._by_victim.get((namespace, name), ())]
@@ -100,24 +110,6 @@ class PreemptionLedger:
 
     def since(self, t: float) -> list[PreemptionRecord]:
         return sorted((r for r in self._records.values() if r.time >= t), key=lambda r: r.time)
-
-    def resolve_preemptor(
-        self, uid: str, namespace: str, name: str, cluster_queue: str, priority: int | None
-    ) -> None:
-        """Fill in a preemptor that was only known by UID when its victims were recorded."""
-        for rid in self._by_preemptor_uid.get(uid, ()):
-            known = self._records[rid]
-            if known.preemptor_name and known.preemptor_cluster_queue:
-                continue
-            self._records[rid] = replace(
-                known,
-                preemptor_namespace=namespace,
-                preemptor_name=name,
-                preemptor_cluster_queue=known.preemptor_cluster_queue or cluster_queue,
-                preemptor_priority=(
-                    known.preemptor_priority if known.preemptor_priority is not None else priority
-                ),
-            )
 
     def _evict_oldest(self) -> None:
         rid, old = self._records.popitem(last=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exporter.cluster import analysis
@@ -62,6 +62,8 @@ KINDS = (
 # A preemption seen later than this after it happened (a restart, a long disconnect) gets no
 # verdict: the free capacity it was decided against is gone.
 VERDICT_FRESHNESS_S = 120.0
+RELEASE_MEMORY_S = 300.0
+AWAIT_PREEMPTOR_S = 60.0
 ADMISSION_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 
 
@@ -122,6 +124,13 @@ class ClusterModel:
         self._pods_by_group: dict[object, set[tuple[str, str]]] = {}
         self._group_epoch: Counter[object] = Counter()
         self._labels_epoch = 0
+        # Pods that gave back GPUs lately, by group: a preemption verdict must judge the
+        # capacity Kueue saw, and the victims' pods may be gone before their condition arrives.
+        self._released: dict[object, list[tuple[str, int, float]]] = {}
+        self._released_order: deque[tuple[float, object]] = deque()
+        # Ledger entries whose preemptor is not known yet, by preemptor UID: counted once it is.
+        self._awaiting: dict[str, set[int]] = {}
+        self._awaiting_since: deque[tuple[float, str, int]] = deque()
         self._handlers: dict[str, Callable[[str, Mapping[str, Any], float], None]] = {
             "Node": self._apply_node,
             "Pod": self._apply_pod,
@@ -159,6 +168,8 @@ class ClusterModel:
                 return  # a re-list repeating what we already hold
             versions[key] = rv
         self.events_applied[kind] += 1
+        if self._awaiting_since:
+            self._flush_awaiting(now)
         try:
             handler(event_type, obj, now)
         except Exception as exc:  # a parser or analysis bug must not stop the informers
@@ -207,6 +218,8 @@ class ClusterModel:
                 self.tree.add_used(old.node, -old.gpus)
             self._ungroup(old)
         if event_type == "DELETED":
+            if old is not None and old.holds_gpus:
+                self._remember_release(old, now)
             return
         pod = parse_pod(obj)
         self.pods[key] = pod
@@ -237,13 +250,7 @@ class ClusterModel:
             self._add_timeline(state, entry)
         self._observe_admission(state)
         self._record_preemption_from_status(old, workload, now)
-        self.ledger.resolve_preemptor(
-            workload.uid,
-            workload.namespace,
-            workload.name,
-            self.cluster_queue_of(workload),
-            workload.priority,
-        )
+        self._settle_awaiting(workload, now)
 
     def _apply_event(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         if event_type == "DELETED":
@@ -261,7 +268,7 @@ class ClusterModel:
             now=now,
             source="event",
         )
-        if record is not None and self._record(record):
+        if record is not None and self._record(record, now):
             state = self.workloads.get((event.involved_namespace, event.involved_name))
             if state is not None:
                 self._add_timeline(
@@ -404,7 +411,7 @@ class ClusterModel:
             source="condition",
         )
         if record is not None:
-            self._record(record)
+            self._record(record, now)
 
     def _preemption_record(
         self,
@@ -458,18 +465,119 @@ class ClusterModel:
             source=source,
         )
 
-    def _record(self, record: PreemptionRecord) -> bool:
-        new = self.ledger.record(record)
-        if new:
-            self.preemption_counts[
-                (
-                    record.victim_cluster_queue,
-                    record.preemptor_cluster_queue,
-                    record.reason,
-                    record.verdict,
-                )
-            ] += 1
+    def _record(self, record: PreemptionRecord, now: float) -> bool:
+        """Ledger it; count it once its preemptor is known (or can never be), so the counter's
+        labels are settled when it moves: a counter must never be taken back."""
+        rid, new = self.ledger.record(record)
+        stored = self.ledger.get(rid)
+        if stored is None:
+            return new
+        if new and stored.preemptor_uid and not stored.preemptor_name:
+            self._awaiting.setdefault(stored.preemptor_uid, set()).add(rid)
+            self._awaiting_since.append((now, stored.preemptor_uid, rid))
+        elif rid in self._uncounted_ids(stored.preemptor_uid) and stored.preemptor_name:
+            self._awaiting[stored.preemptor_uid].discard(rid)
+            self._count(stored)
+        elif new:
+            self._count(stored)
+        self._flush_awaiting(now)
         return new
+
+    def _uncounted_ids(self, uid: str) -> set[int]:
+        return self._awaiting.get(uid, set()) if uid else set()
+
+    def _count(self, record: PreemptionRecord) -> None:
+        key = (
+            record.victim_cluster_queue,
+            record.preemptor_cluster_queue,
+            record.reason,
+            record.verdict,
+        )
+        self.preemption_counts[key] += 1
+
+    def _settle_awaiting(self, preemptor: Workload, now: float) -> None:
+        """The preemptor of earlier-seen victims arrived: name it, judge, count."""
+        rids = self._awaiting.pop(preemptor.uid, None) if preemptor.uid else None
+        for rid in sorted(rids or ()):
+            known = self.ledger.get(rid)
+            if known is None:
+                continue
+            victim_state = self.workloads.get((known.victim_namespace, known.victim_name))
+            victim = victim_state.workload if victim_state is not None else None
+            verdict, detail = known.verdict, known.verdict_detail
+            if now - known.time <= VERDICT_FRESHNESS_S:
+                verdict, detail = self._verdict(preemptor, victim, known.time, now)
+            settled = replace(
+                known,
+                preemptor_namespace=preemptor.namespace,
+                preemptor_name=preemptor.name,
+                preemptor_cluster_queue=self.cluster_queue_of(preemptor)
+                or known.preemptor_cluster_queue,
+                preemptor_priority=preemptor.priority,
+                verdict=verdict,
+                verdict_detail=detail,
+            )
+            self.ledger.update(rid, settled)
+            self._count(settled)
+
+    def _flush_awaiting(self, now: float) -> None:
+        """A preemptor that never shows up (deleted already) leaves its victims counted as is."""
+        while self._awaiting_since and now - self._awaiting_since[0][0] > AWAIT_PREEMPTOR_S:
+            _, uid, rid = self._awaiting_since.popleft()
+            waiting = self._awaiting.get(uid)
+            if waiting is None or rid not in waiting:
+                continue
+            waiting.discard(rid)
+            if not waiting:
+                del self._awaiting[uid]
+            record = self.ledger.get(rid)
+            if record is not None:
+                self._count(record)
+
+    def _remember_release(self, pod: Pod, now: float) -> None:
+        for group in self._groups(pod):
+            self._released.setdefault(group, []).append((pod.node, pod.gpus, now))
+            self._released_order.append((now, group))
+        while self._released_order and now - self._released_order[0][0] > RELEASE_MEMORY_S:
+            _, group = self._released_order.popleft()
+            kept = [r for r in self._released.get(group, ()) if now - r[2] <= RELEASE_MEMORY_S]
+            if kept:
+                self._released[group] = kept
+            else:
+                self._released.pop(group, None)
+
+    def _capacity_before(
+        self, level: str, preemptor: Workload, victims: list[Workload]
+    ) -> tuple[int, int, str]:
+        """Free GPUs at `level` (total, largest domain, its id) as Kueue saw them when it chose
+        to preempt: victims' pods already deleted still held their GPUs then, and the
+        preemptor's pods already bound had not taken theirs yet."""
+        delta_by_node: Counter[str] = Counter()
+        for victim in victims:
+            seen: set[tuple[str, int, float]] = set()
+            for group in self._workload_groups(victim):
+                for release in self._released.get(group, ()):
+                    if release not in seen:
+                        seen.add(release)
+                        delta_by_node[release[0]] -= release[1]
+        for pod in self.pods_of(preemptor):
+            if pod.holds_gpus:
+                delta_by_node[pod.node] += pod.gpus
+        frag = self.tree.fragmentation(level)
+        if not delta_by_node:
+            return frag.free, frag.largest_free, frag.largest_domain
+        delta: Counter[str] = Counter()
+        for node_name, change in delta_by_node.items():
+            place = self.tree.placement(node_name)
+            domain = node_name if level == "node" else (place.domain_at(level) if place else None)
+            if domain:
+                delta[domain] += change
+        largest, largest_domain = 0, ""
+        for usage in self.tree.domains(level):
+            free = max(0, usage.free + delta.get(usage.domain, 0))
+            if free > largest:
+                largest, largest_domain = free, usage.domain
+        return max(0, frag.free + sum(delta.values())), largest, largest_domain
 
     def _verdict(
         self, preemptor: Workload | None, victim: Workload | None, time: float, now: float
@@ -491,14 +599,17 @@ class ClusterModel:
         headroom = self.headroom(cq_name)
         if level is None:
             return analysis.preemption_verdict(preemptor.gpus_requested, None, headroom, 0, 0, "")
-        frag = self.tree.fragmentation(level)
+        victims = [victim] if victim is not None else []
+        for earlier in self.ledger.caused_by(preemptor.uid):
+            if abs(earlier.time - time) <= 10.0 and earlier.victim_name != (
+                victim.name if victim else ""
+            ):
+                state = self.workloads.get((earlier.victim_namespace, earlier.victim_name))
+                if state is not None:
+                    victims.append(state.workload)
+        free, largest, largest_domain = self._capacity_before(level, preemptor, victims)
         return analysis.preemption_verdict(
-            preemptor.gpus_requested,
-            level,
-            headroom,
-            frag.free,
-            frag.largest_free,
-            frag.largest_domain,
+            preemptor.gpus_requested, level, headroom, free, largest, largest_domain
         )
 
     def _find_workload(self, uid: str, job_uid: str) -> Workload | None:

@@ -1,0 +1,178 @@
+"""Wiring for `topowatch cluster` and `topowatch explain`: clients, threads, signals.
+
+Everything with a decision in it lives elsewhere (model, analyses, views); this module only
+connects a Kubernetes API (real or simulated) to the service and the service to a socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import logging
+import signal
+import sys
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+
+from exporter.cluster.explain import (
+    DumpError,
+    explain_text,
+    load_dump_objects,
+    model_from_objects,
+    preemptions_text,
+)
+from exporter.cluster.informers import InformerSet
+from exporter.cluster.service import ClusterService, build_app, run_app
+from exporter.cluster.views import preemptions_view, workload_view
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CLUSTER_PORT = 9403
+
+
+def kube_api_client(host: str | None = None) -> kubernetes.client.ApiClient:
+    """An official-client ApiClient: `host` (the simulation), in-cluster, or kubeconfig."""
+    config = kubernetes.client.Configuration()
+    config.retries = False  # the informers back off and count; urllib3's retries only add noise
+    if host is not None:
+        config.host = host
+    else:
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=config)
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config(client_configuration=config)
+    return kubernetes.client.ApiClient(config)
+
+
+def serve_cluster(
+    api_client: kubernetes.client.ApiClient,
+    host: str,
+    port: int,
+    workload_cap: int = 2000,
+    on_started: Callable[[int, ClusterService], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> ClusterService:
+    """Run informers and the HTTP service until SIGTERM/SIGINT (or `stop`)."""
+    service = ClusterService(workload_cap=workload_cap)
+    informers = InformerSet(api_client, service)
+    service.attach(informers)
+    informers.start()
+    threading.Thread(
+        target=_freeze_after_sync, args=(informers,), name="topowatch-gc-freeze", daemon=True
+    ).start()
+
+    async def main() -> None:
+        stop_event = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            # Off the main thread (tests) this fails; the caller stops us through `stop`.
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop_event.set)
+
+        def started(bound: int) -> None:
+            log.info("cluster service on http://%s:%d (metrics, /api/v1, /readyz)", host, bound)
+            if on_started is not None:
+                on_started(bound, service)
+
+        await run_app(build_app(service), host, port, stop_event, started)
+
+    try:
+        asyncio.run(main())
+    finally:
+        informers.stop()
+    return service
+
+
+def _freeze_after_sync(informers: InformerSet) -> None:
+    """Move the synced objects out of the collector's sight once the first full list is in.
+
+    The model holds hundreds of thousands of long-lived objects; left in the tracked
+    generations, every full collection walks them all and per-event cost grows with cluster
+    size (measured: 1.55x at 8,000 vs 500 nodes, 1.27x with the freeze).
+    """
+    while not informers.wait_synced(5.0):
+        if informers.stopped:
+            return
+    gc.collect()
+    gc.freeze()
+    log.info("initial sync complete; %d objects frozen out of GC", gc.get_freeze_count())
+
+
+# --- explain ----------------------------------------------------------------------------------
+
+
+class ExplainError(Exception):
+    pass
+
+
+def explain_offline(dump: Path, target: str | None, all_preemptions: bool, as_json: bool) -> str:
+    try:
+        objects = load_dump_objects(dump.read_text())
+    except OSError as exc:
+        raise ExplainError(f"cannot read {dump}: {exc.strerror}") from exc
+    except DumpError as exc:
+        raise ExplainError(f"{dump}: {exc}") from exc
+    model, _ = model_from_objects(objects)
+    if all_preemptions:
+        records = preemptions_view(model, 0.0)
+        return _dumps(records) if as_json else preemptions_text(records)
+    namespace, name = _split_target(target)
+    state = model.workload_state(namespace, name)
+    if state is None:
+        raise ExplainError(f"workload {namespace}/{name} is not in {dump}")
+    view = workload_view(model, state)
+    return _dumps(view) if as_json else explain_text(view)
+
+
+def explain_live(server: str, target: str | None, all_preemptions: bool, as_json: bool) -> str:
+    base = server.rstrip("/")
+    if all_preemptions:
+        records = _get_json(f"{base}/api/v1/preemptions")
+        return _dumps(records) if as_json else preemptions_text(records)
+    namespace, name = _split_target(target)
+    quoted = f"{urllib.parse.quote(namespace)}/{urllib.parse.quote(name)}"
+    view = _get_json(f"{base}/api/v1/workloads/{quoted}")
+    return _dumps(view) if as_json else explain_text(view)
+
+
+def _split_target(target: str | None) -> tuple[str, str]:
+    if not target or target.count("/") != 1 or target.startswith("/") or target.endswith("/"):
+        raise ExplainError(f"expected NAMESPACE/NAME, got {target!r}")
+    namespace, name = target.split("/")
+    return namespace, name
+
+
+def _get_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.load(exc).get("error", exc.reason)
+        except (ValueError, AttributeError):
+            message = exc.reason
+        raise ExplainError(f"{url}: {exc.code} {message}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise ExplainError(f"cannot reach {url}: {exc}") from exc
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True) + "\n"
+
+
+def print_or_fail(produce: Callable[[], str], prog: str) -> int:
+    try:
+        sys.stdout.write(produce())
+    except ExplainError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    return 0

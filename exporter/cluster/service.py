@@ -1,0 +1,262 @@
+"""The cluster service: informers feed the model; aiohttp serves /metrics and the JSON API.
+
+Informer threads apply events under one lock; HTTP handlers read under the same lock in a worker
+thread, so a slow render never stalls the event loop and never sees half an update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+from exporter.cluster.informers import InformerSet
+
+from exporter.cluster import metrics, views
+from exporter.cluster.model import ClusterModel
+from exporter.node.exposition import (
+    COUNTER,
+    GAUGE,
+    OPENMETRICS_CONTENT_TYPE,
+    TEXT_CONTENT_TYPE,
+    Family,
+    encode_openmetrics,
+    encode_text,
+    wants_openmetrics,
+)
+
+log = logging.getLogger(__name__)
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class ClusterService:
+    """Model + lock + informers; also the informers' sink."""
+
+    def __init__(
+        self,
+        model: ClusterModel | None = None,
+        workload_cap: int = 2000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.model = model or ClusterModel()
+        self.workload_cap = workload_cap
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.informers: InformerSet | None = None
+
+    # InformerSink
+    def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.model.replace(kind, items, self.clock())
+            problems = self.model.drain_problems()
+        _log_problems(problems)
+
+    def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            self.model.apply(kind, event_type, obj, self.clock())
+            problems = self.model.drain_problems() if self.model.recent_problems else []
+        _log_problems(problems)
+
+    def attach(self, informers: InformerSet) -> None:
+        self.informers = informers
+
+    @property
+    def synced(self) -> bool:
+        return self.informers is None or self.informers.synced()
+
+    # views, each taken under the lock
+    def metrics_body(self, openmetrics: bool) -> bytes:
+        with self.lock:
+            families = metrics.render(self.model, self.workload_cap)
+        families.extend(self.informer_families())
+        return encode_openmetrics(families) if openmetrics else encode_text(families)
+
+    def informer_families(self) -> list[Family]:
+        synced = Family("topowatch_cluster_informer_synced", GAUGE, "1 once a kind is listed.")
+        events = Family("topowatch_cluster_informer_events", COUNTER, "Watch events received.")
+        relists = Family(
+            "topowatch_cluster_informer_relists",
+            COUNTER,
+            "Full re-lists after the watch history expired (410 Gone).",
+        )
+        restarts = Family(
+            "topowatch_cluster_informer_watch_restarts", COUNTER, "Watches resumed after ending."
+        )
+        errors = Family(
+            "topowatch_cluster_informer_errors", COUNTER, "List/watch failures, by reason."
+        )
+        for st in self.informers.status() if self.informers is not None else []:
+            labels = [("kind", st.kind)]
+            synced.add(labels, st.synced)
+            events.add(labels, st.events)
+            relists.add(labels, st.relists_gone)
+            restarts.add(labels, st.watch_restarts)
+            for reason, count in sorted(st.errors.items()):
+                errors.add([*labels, ("reason", reason)], count)
+        return [synced, events, relists, restarts, errors]
+
+    def workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            state = self.model.workload_state(namespace, name)
+            return views.workload_view(self.model, state) if state is not None else None
+
+    def workloads(self, namespace: str | None, status: str | None) -> list[dict[str, Any]]:
+        with self.lock:
+            out = []
+            for (ns, name), state in sorted(self.model.workloads.items()):
+                if namespace and ns != namespace:
+                    continue
+                st = views.status_of(state.workload)
+                if status and st != status:
+                    continue
+                out.append(
+                    {
+                        "namespace": ns,
+                        "name": name,
+                        "status": st,
+                        "cluster_queue": self.model.cluster_queue_of(state.workload),
+                        "gpus_requested": state.workload.gpus_requested,
+                    }
+                )
+            return out
+
+    def preemptions(self, since: float) -> list[dict[str, Any]]:
+        with self.lock:
+            return views.preemptions_view(self.model, since)
+
+    def topology(self) -> dict[str, Any]:
+        with self.lock:
+            return views.topology_view(self.model)
+
+    def readiness(self) -> dict[str, Any]:
+        informers = self.informers.status() if self.informers is not None else []
+        return {
+            "ready": self.synced,
+            "informers": [
+                {
+                    "kind": s.kind,
+                    "version": s.version,
+                    "synced": s.synced,
+                    "last_error": s.last_error,
+                }
+                for s in informers
+            ],
+        }
+
+
+def _log_problems(problems: Iterable[str]) -> None:
+    for problem in problems:
+        log.warning("cluster model: %s", problem)
+
+
+def parse_since(value: str | None, now: float) -> float:
+    """`since` as Unix seconds, RFC 3339, or a duration back from now (`90s`, `15m`, `2h`)."""
+    if not value:
+        return 0.0
+    match = _DURATION.match(value)
+    if match:
+        return now - float(match.group(1)) * _UNITS[match.group(2)]
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError as exc:
+        raise ValueError(
+            f"since={value!r}: expected Unix seconds, RFC 3339, or a duration like 15m"
+        ) from exc
+
+
+def build_app(service: ClusterService) -> web.Application:
+    """Routes only; the work runs in the default executor so the loop keeps answering."""
+
+    async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    async def metrics_handler(request: web.Request) -> web.Response:
+        om = wants_openmetrics(request.headers.get("Accept"))
+        body: bytes = await off_loop(service.metrics_body, om)
+        headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if om else TEXT_CONTENT_TYPE}
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            body = await off_loop(gzip.compress, body, 6)
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body, headers=headers)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        state = service.readiness()
+        return web.json_response(state, status=200 if state["ready"] else 503)
+
+    async def workload(request: web.Request) -> web.Response:
+        ns, name = request.match_info["namespace"], request.match_info["name"]
+        view = await off_loop(service.workload, ns, name)
+        if view is None:
+            return _error(404, f"workload {ns}/{name} not found")
+        return web.json_response(view)
+
+    async def workloads(request: web.Request) -> web.Response:
+        q = request.query
+        return web.json_response(
+            await off_loop(service.workloads, q.get("namespace"), q.get("status"))
+        )
+
+    async def preemptions(request: web.Request) -> web.Response:
+        try:
+            since = parse_since(request.query.get("since"), service.clock())
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return web.json_response(await off_loop(service.preemptions, since))
+
+    async def topology(_: web.Request) -> web.Response:
+        return web.json_response(await off_loop(service.topology))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/api/v1/workloads", workloads)
+    app.router.add_get("/api/v1/workloads/{namespace}/{name}", workload)
+    app.router.add_get("/api/v1/preemptions", preemptions)
+    app.router.add_get("/api/v1/topology", topology)
+    return app
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+async def run_app(
+    app: web.Application, host: str, port: int, stop: asyncio.Event, started: Callable[[int], None]
+) -> None:
+    """Serve until `stop` is set; `started` gets the bound port (useful with port 0)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = port
+    server = getattr(site, "_server", None)
+    sockets = getattr(server, "sockets", None) or []
+    if sockets:
+        bound = sockets[0].getsockname()[1]
+    started(bound)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def summarize(status: Mapping[str, Any]) -> str:
+    waiting = [i["kind"] for i in status["informers"] if not i["synced"]]
+    return "synced" if not waiting else "waiting for " + ", ".join(waiting)

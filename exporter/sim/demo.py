@@ -1,0 +1,97 @@
+"""`topowatch demo`: the whole system on the simulation, in one process.
+
+A simulated HyperPod cluster behind a list/watch API server, a node agent per simulated node
+whose labels and pods follow the cluster, and the cluster service reading it all through the
+production informers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+from typing import TextIO
+
+from exporter.cluster.run import kube_api_client, serve_cluster
+from exporter.cluster.service import ClusterService
+from exporter.cluster.views import status_of
+from exporter.sim.environment import NodeAgentFleet, SimulatedEnvironment
+from exporter.sim.faults import Fault
+
+log = logging.getLogger(__name__)
+
+
+def example_workload(service: ClusterService) -> str | None:
+    """A workload worth explaining: one that was preempted, else pending, else any."""
+    with service.lock:
+        model = service.model
+        for record in reversed(list(model.ledger)):
+            if (record.victim_namespace, record.victim_name) in model.workloads:
+                return record.victim
+        for state in model.workloads.values():
+            if status_of(state.workload) == "pending":
+                return f"{state.workload.namespace}/{state.workload.name}"
+        for key in model.workloads:
+            return f"{key[0]}/{key[1]}"
+    return None
+
+
+def run_demo(
+    host: str,
+    port: int,
+    node_port_base: int,
+    faults: Sequence[Fault],
+    seed: int,
+    duration: float | None,
+    with_agents: bool = True,
+    out: TextIO = sys.stdout,
+) -> int:
+    env = SimulatedEnvironment(seed=seed).start()
+    fleet = None
+    try:
+        if with_agents:
+            fleet = NodeAgentFleet(env, host=host, port_base=node_port_base, faults=faults)
+            fleet.start()
+        elif faults:
+            raise ValueError("--fault needs the node agents")
+    except Exception:
+        env.stop()
+        raise
+    stop = asyncio.Event()
+
+    def started(bound: int, service: ClusterService) -> None:
+        base = f"http://{host}:{bound}"
+        print(
+            f"topowatch demo: simulated HyperPod cluster, {len(env.cluster.nodes())} nodes",
+            file=out,
+        )
+        print(f"  Kubernetes API (simulated): {env.url}", file=out)
+        print(f"  cluster metrics:  {base}/metrics", file=out)
+        print(f"  API:              {base}/api/v1/topology  {base}/api/v1/preemptions", file=out)
+        if fleet is not None and fleet.agents:
+            first, last = fleet.agents[0], fleet.agents[-1]
+            print(f"  node agents:      {len(fleet.agents)}, {first.url} .. {last.url}", file=out)
+        threading.Thread(target=announce_example, args=(service, base), daemon=True).start()
+        if duration is not None:
+            loop = asyncio.get_running_loop()
+            loop.call_later(duration, stop.set)
+        out.flush()
+
+    def announce_example(service: ClusterService, base: str) -> None:
+        if service.informers is not None:
+            service.informers.wait_synced(30)
+        target = example_workload(service)
+        if target:
+            print(f"  try:              topowatch explain --server {base} {target}", file=out)
+        print("Ctrl-C stops everything.", file=out)
+        out.flush()
+
+    try:
+        serve_cluster(kube_api_client(env.url), host, port, on_started=started, stop=stop)
+    finally:
+        if fleet is not None:
+            fleet.close()
+        env.stop()
+    return 0
