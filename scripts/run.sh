@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job on its embedded default: the node agent on a simulated p5.48xlarge.
+# The main job on its embedded default: `topowatch demo`, the whole system on the simulation
+# (a simulated HyperPod cluster behind a list/watch API server, a node agent per node, the
+# cluster service). Ctrl-C stops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-exec .venv/bin/topowatch node --simulate p5.48xlarge --listen "${TOPOWATCH_LISTEN:-127.0.0.1:9402}" "$@"
+exec .venv/bin/topowatch demo --listen "${TOPOWATCH_LISTEN:-127.0.0.1:9403}" "$@"

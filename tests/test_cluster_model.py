@@ -526,3 +526,15 @@ def test_topology_verdict_survives_events_arriving_out_of_order() -> None:
     (record,) = list(model.ledger)
     assert record.verdict == "topology", record.verdict_detail
     assert "largest free network-node-layer-3 domain had 8" in record.verdict_detail
+
+
+def test_unknown_kueue_version_is_read_best_effort_and_reported() -> None:
+    model = ClusterModel()
+    two_domain_cluster(model)
+    wl = run(model, NS_A, "ok", [("n1", 1)])
+    future = {**wl, "apiVersion": "kueue.x-k8s.io/v1"}
+    future["metadata"] = {**wl["metadata"], "resourceVersion": "99"}
+    model.apply("Workload", "MODIFIED", future, T0)
+    assert any("unknown Kueue API version 'kueue.x-k8s.io/v1'" in p for p in model.drain_problems())
+    state = model.workload_state(NS_A, "ok")
+    assert state is not None and model.locality_of(state).nodes == ("n1",)

@@ -60,7 +60,7 @@ def model_from_objects(objects: Iterable[Mapping[str, Any]]) -> tuple[ClusterMod
         if isinstance(kind, str) and kind in by_kind:
             by_kind[kind].append(obj)
             newest = max(newest, _newest_time(obj))
-    model = ClusterModel()
+    model = ClusterModel(judge_preemptions=False)
     for kind in _LOAD_ORDER:
         model.replace(kind, by_kind[kind], newest)
     return model, newest

@@ -519,6 +519,9 @@ def _priority_class(spec: Mapping[str, Any], problems: list[str]) -> str:
     return text(spec.get("priorityClassName"), "spec.priorityClassName", problems)  # v1beta1
 
 
+KNOWN_WORKLOAD_VERSIONS = frozenset({f"{KUEUE_GROUP}/v1beta1", f"{KUEUE_GROUP}/v1beta2"})
+
+
 def parse_workload(obj: Mapping[str, Any]) -> Workload:
     """A Workload of either served version; malformed fields land in `problems`."""
     problems: list[str] = []
@@ -533,13 +536,16 @@ def parse_workload(obj: Mapping[str, Any]) -> Workload:
         if meta and not (name and namespace):
             problems.append("metadata.name or metadata.namespace missing")
         owner, owner_uid = controlling_owner(meta, problems)
+        api_version = text(body.get("apiVersion"), "apiVersion", problems)
+        if api_version and api_version not in KNOWN_WORKLOAD_VERSIONS:
+            problems.append(f"unknown Kueue API version {api_version!r}: read as v1beta2")
         pod_sets = _pod_sets(spec.get("podSets"), problems)
         requeue = mapping(status.get("requeueState"), "status.requeueState", problems)
         return Workload(
             namespace=namespace,
             name=name,
             uid=text(meta.get("uid"), "metadata.uid", problems),
-            api_version=text(body.get("apiVersion"), "apiVersion", problems),
+            api_version=api_version,
             created=parse_time(meta.get("creationTimestamp")),
             queue_name=text(spec.get("queueName"), "spec.queueName", problems)
             or labels.get(QUEUE_NAME_LABEL, ""),

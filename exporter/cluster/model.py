@@ -100,7 +100,10 @@ class ClusterModel:
         ledger_capacity: int = 10_000,
         timeline_limit: int = 64,
         problem_log_limit: int = 200,
+        judge_preemptions: bool = True,
     ) -> None:
+        """`judge_preemptions=False` for a model built from a dump: a dump shows the cluster
+        after its preemptions, so it cannot tell quota-driven from topology-driven ones."""
         self.tree = TopologyTree()
         self.nodes: dict[str, Node] = {}
         self.pods: dict[tuple[str, str], Pod] = {}
@@ -113,6 +116,7 @@ class ClusterModel:
         self.priority_classes: dict[str, PriorityClass] = {}
         self.ledger = PreemptionLedger(ledger_capacity)
         self.timeline_limit = timeline_limit
+        self.judge_preemptions = judge_preemptions
         self.wait_histograms: dict[tuple[str, str], WaitHistogram] = {}
         self.preemption_counts: Counter[tuple[str, str, str, str]] = Counter()
         self.problems: Counter[tuple[str, str]] = Counter()  # (kind, problem) -> count
@@ -582,6 +586,8 @@ class ClusterModel:
     def _verdict(
         self, preemptor: Workload | None, victim: Workload | None, time: float, now: float
     ) -> tuple[Verdict, str]:
+        if not self.judge_preemptions:
+            return "unknown", "read from a dump, which shows the cluster only after it"
         if now - time > VERDICT_FRESHNESS_S:
             return "unknown", "happened before topowatch was watching; free capacity then unknown"
         if preemptor is None:
