@@ -30,7 +30,6 @@ from exporter.cluster.kueue import (
 from exporter.cluster.ledger import PreemptionLedger, PreemptionRecord, Verdict
 from exporter.cluster.objects import (
     ClusterQueue,
-    KubeEvent,
     KueueTopology,
     LocalQueue,
     Node,
@@ -806,13 +805,3 @@ def _stub(key: Any) -> dict[str, Any]:
     if isinstance(key, tuple):
         return {"metadata": {"namespace": key[0], "name": key[1]}}
     return {"metadata": {"name": key}}
-
-
-__all__ = [
-    "KINDS",
-    "ClusterModel",
-    "KubeEvent",
-    "WorkloadState",
-    "is_live",
-    "is_pending",
-]

@@ -12,14 +12,14 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
 from aiohttp import web
-from exporter.cluster.informers import InformerSet
 
 from exporter.cluster import metrics, views
+from exporter.cluster.informers import InformerSet
 from exporter.cluster.model import ClusterModel
 from exporter.node.exposition import (
     COUNTER,
@@ -255,8 +255,3 @@ async def run_app(
         await stop.wait()
     finally:
         await runner.cleanup()
-
-
-def summarize(status: Mapping[str, Any]) -> str:
-    waiting = [i["kind"] for i in status["informers"] if not i["synced"]]
-    return "synced" if not waiting else "waiting for " + ", ".join(waiting)
