@@ -569,11 +569,12 @@ class _Informer:
             log.debug("informer %s: %s", self.watched.kind, message)
 
     def _healthy(self) -> None:
-        with self._lock:
-            self._status.last_error = ""
+        # Log before clearing: whoever sees last_error == "" also finds the recovery logged.
         if self._condition:
             log.info("informer %s: recovered (%s)", self.watched.kind, self._condition)
             self._condition = ""
+        with self._lock:
+            self._status.last_error = ""
 
     def _sink_failed(self, error: Exception) -> None:
         self._count("sink")
