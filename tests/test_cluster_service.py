@@ -219,6 +219,8 @@ def test_api_rejects_bad_queries_clearly(service: RunningService) -> None:
     assert code == 404 and "nowhere/nothing" in body["error"]
     code, body = service.get("/api/v1/preemptions?since=15m")
     assert code == 200 and body == []
+    code, listed = service.get("/api/v1/workloads?status=pending")
+    assert code == 200 and listed == []
     code, topo = service.get("/api/v1/topology")
     assert code == 200
     assert {f["level"] for f in topo["fragmentation"]} >= {"network-node-layer-3", "node"}

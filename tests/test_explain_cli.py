@@ -229,3 +229,12 @@ def _parent_layer3(root: dict[str, object], node: str) -> str | None:
         ):
             return str(entry["domain"])
     return None
+
+
+def test_cluster_without_any_kubernetes_configuration_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    code, _, err = run_cli(capsys, "cluster", "--listen", "127.0.0.1:0")
+    assert code == 2 and "no Kubernetes API configuration" in err

@@ -27,7 +27,12 @@ from exporter.cluster.kueue import (
     parse_workload,
     reason_for_cause,
 )
-from exporter.cluster.ledger import PreemptionLedger, PreemptionRecord, Verdict
+from exporter.cluster.ledger import (
+    SAME_PREEMPTION_WINDOW_S,
+    PreemptionLedger,
+    PreemptionRecord,
+    Verdict,
+)
 from exporter.cluster.objects import (
     ClusterQueue,
     KueueTopology,
@@ -343,8 +348,16 @@ class ClusterModel:
                 del self._wl_by_job[uid]
 
     def _add_timeline(self, state: WorkloadState, entry: TimelineEntry) -> None:
+        # A preemption arrives as a condition and as an Event, a second or two apart.
+        window = SAME_PREEMPTION_WINDOW_S if entry.step == "preempted" else 0.0
         for known in reversed(state.timeline[-8:]):
-            if known.step == entry.step and known.time == entry.time:
+            if known.step != entry.step:
+                continue
+            if known.time == entry.time or (
+                known.time is not None
+                and entry.time is not None
+                and abs(known.time - entry.time) <= window
+            ):
                 return
         state.timeline.append(entry)
         state.timeline.sort(key=lambda e: (e.time is None, e.time or 0.0))
