@@ -15,6 +15,7 @@ from exporter.node.poller import COMPAT_MODES, NodeSources, Poller
 from exporter.node.serving import NodeAgent, serve
 from exporter.sim.faults import FaultSpecError, parse_faults
 from exporter.sim.profiles import PROFILES, get_profile
+from exporter.topology.cli import add_topology_parser
 
 log = logging.getLogger("topowatch")
 
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     node.set_defaults(func=run_node)
     add_cluster_parsers(sub)
+    add_topology_parser(sub)
     return parser
 
 
