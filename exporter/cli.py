@@ -10,12 +10,18 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from exporter.node.poller import COMPAT_MODES, NodeSources, Poller
 from exporter.node.serving import NodeAgent, serve
 from exporter.sim.faults import FaultSpecError, parse_faults
 from exporter.sim.profiles import PROFILES, get_profile
 from exporter.topology.cli import add_topology_parser
+from healthcheck.config import ConfigError, HealthConfig, load_config
+from healthcheck.monitor import HealthMonitor
+
+if TYPE_CHECKING:
+    from healthcheck.reporter import NodeReporter
 
 log = logging.getLogger("topowatch")
 
@@ -110,6 +116,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="where the simulation writes its sysfs/proc tree (default: a temp dir)",
     )
+    node.add_argument(
+        "--health-config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="health-check thresholds (YAML or JSON); default: built-in thresholds",
+    )
+    node.add_argument(
+        "--no-health", action="store_true", help="do not run the health checks at all"
+    )
+    node.add_argument(
+        "--report-node-status",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write the TopowatchHealthy condition, the topowatch.io/findings annotation and "
+        "Events to the Node (default: on with Kubernetes; off with --no-kubernetes; with "
+        "--simulate only when --kube-api is given)",
+    )
+    node.add_argument(
+        "--kube-api",
+        default=None,
+        metavar="URL",
+        help="API server to report to instead of the in-cluster/kubeconfig one (tests, demo)",
+    )
     node.set_defaults(func=run_node)
     add_cluster_parsers(sub)
     add_topology_parser(sub)
@@ -141,6 +171,20 @@ def add_cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="live workloads with per-workload series (largest first)",
     )
     cluster.add_argument("--seed", type=int, default=0, help="seed of the simulation")
+    cluster.add_argument(
+        "--remediation-config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML: mode observe|act, providers, budget, breaker, cooldown (off without it)",
+    )
+    cluster.add_argument(
+        "--alerts-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="bearer token for POST /api/v1/alerts and /api/v1/remediation/reset",
+    )
     cluster.set_defaults(func=run_cluster)
 
     explain = sub.add_parser(
@@ -210,8 +254,28 @@ def run_cluster(args: argparse.Namespace) -> int:
     except Exception as exc:  # no in-cluster config and no kubeconfig
         print(f"topowatch cluster: no Kubernetes API configuration: {exc}", file=sys.stderr)
         return 2
+    controller, token = None, None
+    if args.remediation_config is not None:
+        from exporter.cluster.run import RemediationConfigError, build_controller, read_token
+
+        try:
+            controller, token = build_controller(args.remediation_config, client)
+            if args.alerts_token_file is not None:
+                token = read_token(args.alerts_token_file)
+        except RemediationConfigError as exc:
+            print(f"topowatch cluster: {exc}", file=sys.stderr)
+            if env is not None:
+                env.stop()
+            return 2
     try:
-        serve_cluster(client, host, port, workload_cap=args.workload_series_cap)
+        serve_cluster(
+            client,
+            host,
+            port,
+            workload_cap=args.workload_series_cap,
+            controller=controller,
+            alerts_token=token,
+        )
     finally:
         if env is not None:
             env.stop()
@@ -280,8 +344,48 @@ def real_sources(args: argparse.Namespace, node_name: str) -> NodeSources:
     )
 
 
+def health_monitor(args: argparse.Namespace) -> HealthMonitor | None:
+    """The health monitor the flags ask for; `ConfigError` for a bad --health-config."""
+    if args.no_health:
+        return None
+    config = load_config(args.health_config) if args.health_config else HealthConfig()
+    return HealthMonitor(config)
+
+
+def wants_node_status(args: argparse.Namespace) -> bool:
+    if args.report_node_status is not None:
+        return bool(args.report_node_status)
+    if args.simulate:
+        return args.kube_api is not None
+    return not args.no_kubernetes
+
+
+def node_reporter(
+    args: argparse.Namespace, node_name: str, monitor: HealthMonitor
+) -> NodeReporter | None:
+    """A reporter to the API server, or None (logged) when no API server is configured:
+    the metrics must not go down for want of somewhere to report."""
+    from exporter.sources.kubeapi import KubeApi, KubeConfigError
+    from healthcheck.reporter import NodeReporter
+
+    try:
+        api = KubeApi(args.kube_api) if args.kube_api else KubeApi.default()
+    except (KubeConfigError, ValueError) as e:
+        log.warning("not reporting node health to Kubernetes: %s", e)
+        return None
+    return NodeReporter(api, node_name, monitor)
+
+
 def run_node(args: argparse.Namespace) -> int:
     node_name = args.node_name or default_node_name()
+    if args.no_health and args.report_node_status:
+        print("topowatch node: --report-node-status needs the health checks", file=sys.stderr)
+        return 2
+    try:
+        monitor = health_monitor(args)
+    except ConfigError as e:
+        print(f"topowatch node: {e}", file=sys.stderr)
+        return 2
     sim = None
     if args.simulate:
         from exporter.sim.node import SimulatedNode
@@ -303,17 +407,30 @@ def run_node(args: argparse.Namespace) -> int:
         return 2
     else:
         sources = real_sources(args, node_name)
-    poller = Poller(node_name, sources, compat=args.compat)
-    agent = NodeAgent(poller, interval=args.interval)
+    poller = Poller(node_name, sources, compat=args.compat, health=monitor)
+    reporter = None
+    if monitor is not None and wants_node_status(args):
+        reporter = node_reporter(args, node_name, monitor)
+
+    def report(_: object) -> None:
+        if reporter is not None and monitor is not None:
+            reporter.submit(monitor.last)
+
+    agent = NodeAgent(poller, interval=args.interval, on_snapshot=report)
     try:
         if args.once:
             # Two polls: GPM ratios and rates need two samples, and XIDs need the event
             # waiter registered, which happens once the first poll has enumerated the GPUs.
+            agent.on_snapshot = None
             agent.poll_once()
             time.sleep(ONCE_SETTLE_SECONDS)
             agent.poll_once()
+            if reporter is not None and monitor is not None and monitor.last is not None:
+                reporter.report(monitor.last)
             sys.stdout.buffer.write(agent.current.text)
             return 0
+        if reporter is not None:
+            reporter.start()
         snapshot = agent.poll_once()
         if not snapshot.gpu.available:
             log.warning(
@@ -327,6 +444,8 @@ def run_node(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        if reporter is not None:
+            reporter.stop()
         sources.close()
         if sim is not None:
             sim.close()

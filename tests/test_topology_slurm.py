@@ -8,12 +8,7 @@ below it. That is compared with the tree we built from EC2's answer.
 
 from __future__ import annotations
 
-import getpass
-import os
-import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,97 +16,29 @@ from pathlib import Path
 import pytest
 
 from exporter.topology.ec2 import Switch, Topology, instances_from_pages, load_name_map, load_pages
-from exporter.topology.hostlist import compress, expand
+from exporter.topology.hostlist import expand
 from exporter.topology.writers import slurm_tree
 from tests.conftest import reference
+from tests.slurm_harness import binary, running_slurmctld
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ec2"
-START_TIMEOUT_S = 10.0
 
 pytestmark = pytest.mark.real_component
-
-
-def _binary(name: str) -> str:
-    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
-    if path is None:
-        pytest.fail(f"{name} missing: run scripts/bootstrap.sh (Debian slurmctld slurm-client)")
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _slurm_conf(tmp: Path, nodes: list[str]) -> str:
-    return "\n".join(
-        [
-            "ClusterName=topowatch",
-            "SlurmctldHost=localhost",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
-            "AuthType=auth/none",
-            "CredType=cred/none",
-            f"SlurmUser={getpass.getuser()}",
-            f"StateSaveLocation={tmp / 'state'}",
-            f"SlurmdSpoolDir={tmp / 'spool'}",
-            f"SlurmctldPidFile={tmp / 'slurmctld.pid'}",
-            f"SlurmctldLogFile={tmp / 'slurmctld.log'}",
-            "TopologyPlugin=topology/tree",
-            "SelectType=select/cons_tres",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "MpiDefault=none",
-            f"NodeName={compress(nodes)} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN",
-            "PartitionName=all Nodes=ALL Default=YES State=UP",
-            "",
-        ]
-    )
 
 
 @contextmanager
 def _show_topology(topology: Topology, tmp: Path) -> Iterator[str]:
     """Start slurmctld on `topology`'s tree, yield `scontrol show topology`, stop it."""
-    slurmctld, scontrol = _binary("slurmctld"), _binary("scontrol")
-    for directory in ("state", "spool"):
-        (tmp / directory).mkdir()
     names = [topology.name_of(i) for i in topology.placed]
-    (tmp / "slurm.conf").write_text(_slurm_conf(tmp, names))
-    (tmp / "topology.conf").write_text(slurm_tree(topology).text)
-    env = {**os.environ, "SLURM_CONF": str(tmp / "slurm.conf")}
-    process = subprocess.Popen(
-        [slurmctld, "-D", "-f", str(tmp / "slurm.conf")],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        output = ""
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                log = (
-                    (tmp / "slurmctld.log").read_text() if (tmp / "slurmctld.log").exists() else ""
-                )
-                pytest.fail(f"slurmctld exited {process.returncode}:\n{log[-3000:]}")
-            shown = subprocess.run(
-                [scontrol, "show", "topology"], env=env, capture_output=True, text=True, timeout=5
-            )
-            if shown.returncode == 0 and shown.stdout.strip():
-                output = shown.stdout
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"slurmctld did not answer within {START_TIMEOUT_S} s")
-        yield output
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with running_slurmctld(tmp, names, slurm_tree(topology).text, probe="topology") as env:
+        shown = subprocess.run(
+            [binary("scontrol"), "show", "topology"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        yield shown.stdout
 
 
 def _parse_show_topology(text: str) -> dict[str, dict[str, str]]:

@@ -19,9 +19,10 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kubernetes
+import yaml
 
 from exporter.cluster.explain import (
     DumpError,
@@ -33,6 +34,9 @@ from exporter.cluster.explain import (
 from exporter.cluster.informers import InformerSet
 from exporter.cluster.service import ClusterService, build_app, run_app
 from exporter.cluster.views import preemptions_view, workload_view
+
+if TYPE_CHECKING:
+    from healthcheck.controller import RemediationController
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +64,15 @@ def serve_cluster(
     workload_cap: int = 2000,
     on_started: Callable[[int, ClusterService], None] | None = None,
     stop: asyncio.Event | None = None,
+    controller: RemediationController | None = None,
+    alerts_token: str | None = None,
 ) -> ClusterService:
     """Run informers and the HTTP service until SIGTERM/SIGINT (or `stop`)."""
-    service = ClusterService(workload_cap=workload_cap)
+    service = ClusterService(
+        workload_cap=workload_cap, controller=controller, alerts_token=alerts_token
+    )
+    if controller is not None:
+        controller.start()
     informers = InformerSet(api_client, service)
     service.attach(informers)
     informers.start()
@@ -89,7 +99,63 @@ def serve_cluster(
         asyncio.run(main())
     finally:
         informers.stop()
+        if controller is not None:
+            controller.stop()
     return service
+
+
+# --- remediation ------------------------------------------------------------------------------
+
+
+class RemediationConfigError(Exception):
+    pass
+
+
+def build_controller(
+    config_file: Path, api_client: kubernetes.client.ApiClient
+) -> tuple[RemediationController, str | None]:
+    """The controller and the alerts token (or None) from the remediation YAML.
+
+    YAML keys: mode (observe|act), budget {nodes, percent, window_seconds}, breaker {threshold,
+    window_seconds}, cooldown_seconds, active_timeout_seconds, max_attempts, providers [...],
+    alert_token_file. A config that cannot be read fully is refused: no half-understood policy.
+    """
+    from healthcheck.actions.registry import ConfigError, build_providers
+    from healthcheck.controller import KubeNodeWriter, RemediationController
+    from healthcheck.policy import PolicyConfig
+
+    try:
+        raw = yaml.safe_load(config_file.read_text()) or {}
+    except OSError as exc:
+        raise RemediationConfigError(f"cannot read {config_file}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise RemediationConfigError(f"{config_file}: not YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise RemediationConfigError(f"{config_file}: expected a mapping at the top")
+    policy, problems = PolicyConfig.from_mapping(raw)
+    if problems:
+        raise RemediationConfigError(f"{config_file}: " + "; ".join(problems))
+    core_v1 = kubernetes.client.CoreV1Api(api_client)
+    try:
+        providers = build_providers(raw.get("providers"), core_v1)
+    except ConfigError as exc:
+        raise RemediationConfigError(f"{config_file}: {exc}") from exc
+    if policy.mode == "act" and not providers:
+        raise RemediationConfigError(f"{config_file}: mode act needs at least one provider")
+    token_file = raw.get("alert_token_file")
+    token = read_token(Path(token_file)) if isinstance(token_file, str) else None
+    controller = RemediationController(policy, providers, writer=KubeNodeWriter(core_v1))
+    return controller, token
+
+
+def read_token(path: Path) -> str:
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise RemediationConfigError(f"cannot read token file {path}: {exc.strerror}") from exc
+    if not token:
+        raise RemediationConfigError(f"token file {path} is empty")
+    return token
 
 
 def _freeze_after_sync(informers: InformerSet) -> None:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -32,6 +32,9 @@ from exporter.node.exposition import (
     wants_openmetrics,
 )
 
+if TYPE_CHECKING:
+    from healthcheck.controller import RemediationController
+
 log = logging.getLogger(__name__)
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -46,8 +49,12 @@ class ClusterService:
         model: ClusterModel | None = None,
         workload_cap: int = 2000,
         clock: Callable[[], float] = time.time,
+        controller: RemediationController | None = None,
+        alerts_token: str | None = None,
     ) -> None:
         self.model = model or ClusterModel()
+        self.controller = controller  # gets every Node event; its observe_node never blocks
+        self.alerts_token = alerts_token
         self.workload_cap = workload_cap
         self.clock = clock
         self.lock = threading.Lock()
@@ -59,12 +66,18 @@ class ClusterService:
             self.model.replace(kind, items, self.clock())
             problems = self.model.drain_problems()
         _log_problems(problems)
+        if kind == "Node" and self.controller is not None:
+            now = self.clock()
+            for item in items:
+                self.controller.observe_node(item, now)
 
     def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
         with self.lock:
             self.model.apply(kind, event_type, obj, self.clock())
             problems = self.model.drain_problems() if self.model.recent_problems else []
         _log_problems(problems)
+        if kind == "Node" and self.controller is not None:
+            self.controller.observe_node(obj, self.clock(), deleted=event_type == "DELETED")
 
     def attach(self, informers: InformerSet) -> None:
         self.informers = informers
@@ -78,6 +91,8 @@ class ClusterService:
         with self.lock:
             families = metrics.render(self.model, self.workload_cap)
         families.extend(self.informer_families())
+        if self.controller is not None:
+            families.extend(self.controller.families())
         return encode_openmetrics(families) if openmetrics else encode_text(families)
 
     def informer_families(self) -> list[Family]:
@@ -230,7 +245,62 @@ def build_app(service: ClusterService) -> web.Application:
     app.router.add_get("/api/v1/workloads/{namespace}/{name}", workload)
     app.router.add_get("/api/v1/preemptions", preemptions)
     app.router.add_get("/api/v1/topology", topology)
+    add_remediation_routes(app, service)
     return app
+
+
+def add_remediation_routes(app: web.Application, service: ClusterService) -> None:
+    """Alertmanager's webhook, the remediation status view and the admin's breaker reset.
+
+    Writes need the bearer token (compared in constant time); with no token configured they are
+    refused. A refused or malformed request changes nothing.
+    """
+    from healthcheck.alerts import AlertPayloadError, bearer_ok, parse_alertmanager
+
+    def refused(request: web.Request) -> web.Response | None:
+        if service.controller is None:
+            return _error(404, "remediation is not enabled (--remediation-config)")
+        if not service.alerts_token:
+            return _error(403, "no alerts token configured (--alerts-token-file)")
+        header = request.headers.get("Authorization")
+        if not header:
+            return _error(401, "bearer token required")
+        if not bearer_ok(header, service.alerts_token):
+            return _error(403, "bad bearer token")
+        return None
+
+    async def alerts(request: web.Request) -> web.Response:
+        denied = refused(request)
+        if denied is not None:
+            return denied
+        assert service.controller is not None
+        try:
+            parsed = parse_alertmanager(await request.read())
+        except AlertPayloadError as exc:
+            return _error(400, str(exc))
+        service.controller.handle_alerts(parsed, service.clock())
+        return web.json_response(
+            {"accepted": len(parsed.signals), "ignored": list(parsed.ignored)}, status=202
+        )
+
+    async def remediation(_: web.Request) -> web.Response:
+        if service.controller is None:
+            return _error(404, "remediation is not enabled (--remediation-config)")
+        return web.json_response(service.controller.status())
+
+    async def reset(request: web.Request) -> web.Response:
+        denied = refused(request)
+        if denied is not None:
+            return denied
+        assert service.controller is not None
+        who = request.headers.get("X-Topowatch-Admin", "admin")[:64]
+        return web.json_response(
+            {"breaker": service.controller.reset_breaker(service.clock(), who)}
+        )
+
+    app.router.add_post("/api/v1/alerts", alerts)
+    app.router.add_get("/api/v1/remediation", remediation)
+    app.router.add_post("/api/v1/remediation/reset", reset)
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from exporter.compat import dcgm, efa
 from exporter.node.affinity import compute_affinity
@@ -38,6 +38,9 @@ from exporter.sources.interfaces import (
     PodResourcesSource,
     SourceError,
 )
+
+if TYPE_CHECKING:
+    from healthcheck.monitor import HealthMonitor
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -74,7 +77,11 @@ class _Degraded(SourceError):
 
 class Poller:
     """Builds one snapshot per `poll()`; keeps what must persist across polls (XID counts,
-    error counters, last good labels)."""
+    error counters, last good labels).
+
+    With a `health` monitor, the health checks run on each snapshot before it is rendered and
+    their series join the same exposition: one NVML poll feeds both.
+    """
 
     def __init__(
         self,
@@ -83,6 +90,7 @@ class Poller:
         compat: frozenset[str] = frozenset(),
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
+        health: HealthMonitor | None = None,
     ) -> None:
         unknown = compat - COMPAT_MODES
         if unknown:
@@ -97,6 +105,8 @@ class Poller:
         self._last_reason: dict[str, str | None] = {}
         self._last_success: float | None = None
         self._previous: NodeSnapshot | None = None
+        self.health = health
+        self._health_failed = False
 
     # -- one poll ---------------------------------------------------------------------------
 
@@ -145,6 +155,7 @@ class Poller:
             last_success=self._last_success,
             rootfs_read_only=rootfs_ro,
         )
+        self._observe_health(snapshot)
         exposition = Exposition.build(self.families(snapshot))
         self._previous = snapshot
         return snapshot, exposition
@@ -155,7 +166,22 @@ class Poller:
             fams.extend(dcgm.render(snapshot, self._previous))
         if "efa" in self.compat:
             fams.extend(efa.render(snapshot))
+        if self.health is not None:
+            fams.extend(self.health.families(self.node))
         return fams
+
+    def _observe_health(self, snapshot: NodeSnapshot) -> None:
+        """Run the health checks; their failure must never cost the hardware metrics."""
+        if self.health is None:
+            return
+        try:
+            self.health.observe(snapshot)
+        except Exception:
+            if not self._health_failed:
+                log.exception("health monitor failed; serving hardware metrics without it")
+            self._health_failed = True
+        else:
+            self._health_failed = False
 
     # -- collectors ---------------------------------------------------------------------------
 

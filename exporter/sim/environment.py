@@ -14,14 +14,27 @@ from dataclasses import dataclass
 
 from exporter.node.poller import NodeSources, Poller
 from exporter.node.serving import MetricsServer, NodeAgent
-from exporter.node.snapshot import PodRef
+from exporter.node.snapshot import NodeSnapshot, PodRef
 from exporter.sim.apiserver import FakeApiServer, ObjectStore
 from exporter.sim.cluster import ClusterShape, SimulatedCluster, default_shape
 from exporter.sim.faults import Fault
 from exporter.sim.node import SimulatedNode
 from exporter.sim.profiles import get_profile
+from exporter.sources.kubeapi import KubeApi
+from healthcheck.config import HealthConfig
+from healthcheck.monitor import HealthMonitor
+from healthcheck.reporter import NodeReporter
 
 log = logging.getLogger(__name__)
+
+
+def _submitter(
+    monitor: HealthMonitor, reporter: NodeReporter | None
+) -> Callable[[NodeSnapshot], None] | None:
+    """Hand each poll's health verdict to the reporter's thread (the poll never waits)."""
+    if reporter is None:
+        return None
+    return lambda _: reporter.submit(monitor.last)
 
 
 class SimulatedEnvironment:
@@ -81,6 +94,8 @@ class SimulatedNodeAgent:
     agent: NodeAgent
     server: MetricsServer
     thread: threading.Thread | None = None
+    monitor: HealthMonitor | None = None
+    reporter: NodeReporter | None = None
 
     @property
     def url(self) -> str:
@@ -102,7 +117,11 @@ class NodeAgentFleet:
         interval: float = 15.0,
         faults: Sequence[Fault] = (),
         seed: int = 0,
+        health: HealthConfig | None = None,
+        report_url: str | None = None,
     ) -> None:
+        """Each agent runs the health checks (`health` thresholds, default built-in); with
+        `report_url` (the simulated API server) each also reports its Node's health there."""
         self.env = env
         self.agents: list[SimulatedNodeAgent] = []
         for i, sim_node in enumerate(env.cluster.nodes()):
@@ -110,9 +129,21 @@ class NodeAgentFleet:
             node = SimulatedNode(get_profile(sim_node.instance_type), mine, seed=seed + i)
             node.labels.set(dict(sim_node.labels))
             sources = node.sources()
-            agent = NodeAgent(Poller(sim_node.name, sources), interval=interval)
+            monitor = HealthMonitor(health)
+            reporter = None
+            if report_url is not None:
+                reporter = NodeReporter(KubeApi(report_url), sim_node.name, monitor)
+            agent = NodeAgent(
+                Poller(sim_node.name, sources, health=monitor),
+                interval=interval,
+                on_snapshot=_submitter(monitor, reporter),
+            )
             server = MetricsServer(agent, host, port_base + i if port_base else 0)
-            self.agents.append(SimulatedNodeAgent(sim_node.name, node, sources, agent, server))
+            self.agents.append(
+                SimulatedNodeAgent(
+                    sim_node.name, node, sources, agent, server, monitor=monitor, reporter=reporter
+                )
+            )
         unknown = {f.node for f in faults} - {a.name for a in self.agents}
         if unknown:
             self.close()
@@ -124,6 +155,8 @@ class NodeAgentFleet:
     def start(self) -> None:
         self.sync_pods()
         for member in self.agents:
+            if member.reporter is not None:
+                member.reporter.start()
             member.agent.poll_once()
             member.agent.start()
             member.thread = threading.Thread(
@@ -146,6 +179,9 @@ class NodeAgentFleet:
     def close(self) -> None:
         for member in self.agents:
             member.agent.stop()
+            if member.reporter is not None:
+                member.reporter.stop()
+                member.reporter.api.close()
             if member.thread is not None:  # shutdown() waits for a serve_forever that never ran
                 member.server.shutdown()
             member.server.server_close()

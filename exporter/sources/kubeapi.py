@@ -1,9 +1,10 @@
-"""A minimal, read-only Kubernetes API client over urllib3 that returns plain dicts.
+"""A minimal Kubernetes API client over urllib3 that returns plain dicts.
 
-The node agent reads one thing from the API server: its own Node. `kubernetes.client` costs
-about 25 MiB of RSS just to import (its package imports every generated model), which is too
-much for an agent on every GPU node. This client does only what the agent needs: GET and watch
-(newline-delimited JSON over a chunked response), with the credentials of a pod's service
+The node agent reads one thing from the API server, its own Node, and writes its health report
+there (a condition, an annotation, an Event). `kubernetes.client` costs about 25 MiB of RSS
+just to import (its package imports every generated model), which is too much for an agent on
+every GPU node. This client does only what the agent needs: GET and watch (newline-delimited
+JSON over a chunked response), PATCH and POST, with the credentials of a pod's service
 account or of a kubeconfig, and errors mapped to short, bounded reasons for the error metric.
 
 Retries are the caller's business (urllib3's are off), and tokens never reach a log line or an
@@ -79,7 +80,7 @@ def reason_for_status(status: int) -> str:
 
 
 class KubeApi:
-    """GET and watch against one API server.
+    """GET, watch, PATCH and POST against one API server.
 
     Give at most one of `token` and `token_file`; a token file is re-read every
     `token_refresh_seconds` and on a 401 (then the request is retried once if it changed),
@@ -209,6 +210,38 @@ class KubeApi:
             raise ApiError(response.status, "bad_response", f"GET {path}: not a JSON object")
         return body
 
+    def patch(
+        self,
+        path: str,
+        body: object,
+        content_type: str = "application/merge-patch+json",
+        timeout: float = 10.0,
+    ) -> dict[str, Any]:
+        """PATCH `path` with `body` (JSON-encoded) as `content_type`; the patched object."""
+        return self._send("PATCH", path, body, content_type, timeout)
+
+    def post(self, path: str, body: object, timeout: float = 10.0) -> dict[str, Any]:
+        """POST `body` (JSON-encoded) to a collection `path`; the created object."""
+        return self._send("POST", path, body, "application/json", timeout)
+
+    def _send(
+        self, method: str, path: str, body: object, content_type: str, timeout: float
+    ) -> dict[str, Any]:
+        data = json.dumps(body, separators=(",", ":")).encode()
+        timeouts = urllib3.Timeout(connect=timeout, read=timeout)
+        response = self._request(
+            path, None, timeouts, stream=False, method=method, body=data, content_type=content_type
+        )
+        try:
+            answer = json.loads(response.data)
+        except ValueError as e:
+            raise ApiError(
+                response.status, "bad_response", f"{method} {path}: not JSON: {e}"
+            ) from e
+        if not isinstance(answer, dict):
+            raise ApiError(response.status, "bad_response", f"{method} {path}: not a JSON object")
+        return answer
+
     def stream(
         self,
         path: str,
@@ -245,7 +278,15 @@ class KubeApi:
     # --- internals --------------------------------------------------------------------------
 
     def _request(
-        self, path: str, params: Params | None, timeout: urllib3.Timeout, *, stream: bool
+        self,
+        path: str,
+        params: Params | None,
+        timeout: urllib3.Timeout,
+        *,
+        stream: bool,
+        method: str = "GET",
+        body: bytes | None = None,
+        content_type: str | None = None,
     ) -> BaseHTTPResponse:
         if not path.startswith("/"):
             raise ValueError(f"path must start with '/': {path!r}")
@@ -253,16 +294,19 @@ class KubeApi:
         query = {k: _param(v) for k, v in (params or {}).items() if v is not None}
         if query:
             url += "?" + urlencode(query)
-        what = f"GET {path}"
+        what = f"{method} {path}"
         for attempt in (1, 2):
             headers = {"Accept": "application/json", "User-Agent": "topowatch"}
+            if content_type is not None:
+                headers["Content-Type"] = content_type
             token = self._current_token()
             if token:
                 headers["Authorization"] = f"Bearer {token}"
             try:
                 response = self._pool.request(
-                    "GET",
+                    method,
                     url,
+                    body=body,
                     headers=headers,
                     timeout=timeout,
                     retries=False,

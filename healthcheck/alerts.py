@@ -1,0 +1,124 @@
+"""Alertmanager webhook (payload version 4) → per-node remediation signals.
+
+A payload is accepted whole or refused whole: bad JSON or a wrong shape raises AlertPayloadError
+(the HTTP layer answers 400 and nothing changes). Individual alerts that name no node or no
+action are not errors — they are returned as `ignored` with the reason, for the audit log.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from healthcheck.state import Action
+
+AlertStatus = Literal["firing", "resolved"]
+MAX_ALERTS = 10_000
+
+
+class AlertPayloadError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSignal:
+    node: str
+    status: AlertStatus
+    action: Action | None
+    name: str  # labels.alertname
+    starts_at: float | None
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedAlerts:
+    signals: tuple[AlertSignal, ...]
+    ignored: tuple[str, ...]  # why each skipped alert was skipped
+
+
+def bearer_ok(authorization: str | None, expected: str | None) -> bool:
+    """Constant-time bearer check; with no token configured nothing is accepted."""
+    if not expected or not authorization:
+        return False
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(token.strip().encode(), expected.encode())
+
+
+def parse_alertmanager(body: bytes) -> ParsedAlerts:
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise AlertPayloadError(f"body is not JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise AlertPayloadError("payload is not a JSON object")
+    version = payload.get("version", "4")
+    if str(version) != "4":
+        raise AlertPayloadError(f"payload version {version!r}: only Alertmanager's v4 is read")
+    alerts = payload.get("alerts")
+    if not isinstance(alerts, list):
+        raise AlertPayloadError("payload has no alerts list")
+    if len(alerts) > MAX_ALERTS:
+        raise AlertPayloadError(f"{len(alerts)} alerts in one payload (max {MAX_ALERTS})")
+    group_status = payload.get("status")
+    signals: list[AlertSignal] = []
+    ignored: list[str] = []
+    for index, alert in enumerate(alerts):
+        signal, why = _signal(alert, group_status)
+        if signal is None:
+            ignored.append(f"alert {index}: {why}")
+        else:
+            signals.append(signal)
+    return ParsedAlerts(tuple(signals), tuple(ignored))
+
+
+def _signal(alert: Any, group_status: Any) -> tuple[AlertSignal | None, str]:
+    if not isinstance(alert, dict):
+        return None, "not an object"
+    labels = alert.get("labels")
+    annotations = alert.get("annotations") or {}
+    if not isinstance(labels, dict) or not isinstance(annotations, dict):
+        return None, "labels/annotations are not objects"
+    name = str(labels.get("alertname", ""))
+    node = _node_of(labels)
+    if not node:
+        return None, f"{name or 'alert'} names no node (labels.node or labels.instance)"
+    status = alert.get("status", group_status)
+    if status not in ("firing", "resolved"):
+        return None, f"{name} on {node}: status {status!r} is not firing|resolved"
+    raw_action = labels.get("action", annotations.get("action"))
+    action: Action | None
+    if raw_action in ("reboot", "replace"):
+        action = raw_action
+    elif raw_action in (None, "", "none"):
+        action = None
+    else:
+        return None, f"{name} on {node}: action {raw_action!r} is not none|reboot|replace"
+    fingerprint = str(alert.get("fingerprint") or f"{name}/{node}")
+    return AlertSignal(node, status, action, name, _time(alert.get("startsAt")), fingerprint), ""
+
+
+def _node_of(labels: dict[str, Any]) -> str:
+    node = labels.get("node")
+    if isinstance(node, str) and node:
+        return node
+    instance = labels.get("instance")
+    if not isinstance(instance, str) or not instance:
+        return ""
+    if instance.startswith("["):  # [v6]:port
+        return instance[1:].split("]", 1)[0]
+    host, _, port = instance.rpartition(":")
+    return host if host and port.isdigit() else instance
+
+
+def _time(value: Any) -> float | None:
+    if not isinstance(value, str) or not value or value.startswith("0001-"):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

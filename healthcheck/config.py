@@ -1,0 +1,299 @@
+"""Health-check thresholds: sane defaults, optionally overridden by a YAML or JSON file.
+
+Every threshold lives here so that an operator can tune a check without a new build, and a
+typo in the file is an error naming the key rather than a silently ignored setting:
+
+    damping: {k: 3, n: 5}
+    damping_overrides: {thermal_slowdown: {k: 6, n: 10}}
+    xid: {hold_seconds: 3600, app_repeat_jobs: 2}
+    nvlink: {max_errors_per_second: {crc_flit: 10}}
+    instance_types: {ml.p5.48xlarge: {gpus: 8, efa: 32}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from healthcheck.findings import ACTIONS
+
+
+class ConfigError(ValueError):
+    """A configuration file or value that cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceShape:
+    gpus: int
+    efa: int
+
+
+# Accelerator and EFA device counts per instance type (AWS instance-type documentation).
+# `ml.` (SageMaker HyperPod) names are accepted through `expected_shape`.
+DEFAULT_INSTANCE_TYPES: Mapping[str, InstanceShape] = MappingProxyType(
+    {
+        "p4d.24xlarge": InstanceShape(gpus=8, efa=4),
+        "p4de.24xlarge": InstanceShape(gpus=8, efa=4),
+        "p5.48xlarge": InstanceShape(gpus=8, efa=32),
+        "p5e.48xlarge": InstanceShape(gpus=8, efa=32),
+        "p5en.48xlarge": InstanceShape(gpus=8, efa=16),
+        "p6-b200.48xlarge": InstanceShape(gpus=8, efa=8),
+        "p6e-gb200.36xlarge": InstanceShape(gpus=4, efa=8),
+    }
+)
+
+NVLINK_COUNTERS = ("crc_flit", "crc_data", "replay", "recovery")
+
+
+@dataclass(frozen=True, slots=True)
+class Damping:
+    """A finding is actionable once present in `k` of the last `n` polls."""
+
+    k: int = 3
+    n: int = 5
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= self.n:
+            raise ConfigError(f"damping needs 1 <= k <= n, got k={self.k} n={self.n}")
+
+
+@dataclass(frozen=True, slots=True)
+class XidConfig:
+    # The same XID on the same GPU within this many seconds of the last is one incident
+    # (drivers repeat an XID in bursts; one fault must not count as many).
+    dedup_seconds: float = 60.0
+    # An XID is an event; its finding stays active this long after the last incident.
+    hold_seconds: float = 3600.0
+    # Usually the application's fault: recommend nothing alone...
+    app_xids: frozenset[int] = frozenset({13, 31, 43, 45, 94})
+    # ...but on the same GPU across this many different jobs (pods) within the window,
+    # the GPU is the common factor: reboot.
+    app_repeat_jobs: int = 2
+    app_repeat_window_seconds: float = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryConfig:
+    uncorrected_volatile_max: int = 0  # volatile DBEs tolerated before a reset is recommended
+    retired_pages_max: int = 60  # NVIDIA's RMA guidance: retirement table nearly full
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkConfig:
+    max_errors_per_second: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType(
+            {"crc_flit": 10.0, "crc_data": 10.0, "replay": 10.0, "recovery": 0.1}
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PcieConfig:
+    # GPUs lower their PCIe generation when idle to save power; a generation below max only
+    # counts while the GPU is at least this busy (width never changes by design).
+    min_utilization_for_generation: float = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class ThermalConfig:
+    reasons: frozenset[str] = frozenset(
+        {"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+    )
+    sustain_seconds: float = 60.0
+    # A fan or a power shelf is not fixed by a reboot: report, do not act, unless told to.
+    action: str = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class EfaConfig:
+    # A dead peer raises these counters on every healthy node that talks to it, so they are a
+    # warning with no action: acting on them would take out healthy nodes by the dozen.
+    remote_errors_per_second: float = 1.0
+    remote_counters: frozenset[str] = frozenset(
+        {"unresponsive_remote_events", "impaired_remote_conn_events"}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    damping: Damping = field(default_factory=Damping)
+    damping_overrides: Mapping[str, Damping] = field(default_factory=dict)  # by check id
+    xid: XidConfig = field(default_factory=XidConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    nvlink: NvlinkConfig = field(default_factory=NvlinkConfig)
+    pcie: PcieConfig = field(default_factory=PcieConfig)
+    thermal: ThermalConfig = field(default_factory=ThermalConfig)
+    efa: EfaConfig = field(default_factory=EfaConfig)
+    instance_types: Mapping[str, InstanceShape] = field(
+        default_factory=lambda: DEFAULT_INSTANCE_TYPES
+    )
+
+    def damping_for(self, check: str) -> Damping:
+        return self.damping_overrides.get(check, self.damping)
+
+    def expected_shape(self, instance_type: str) -> InstanceShape | None:
+        """GPU and EFA counts for `p5.48xlarge` or `ml.p5.48xlarge`; None when unknown."""
+        name = instance_type.strip()
+        shape = self.instance_types.get(name)
+        if shape is None and name.startswith("ml."):
+            shape = self.instance_types.get(name[3:])
+        return shape
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def load_config(path: str | Path) -> HealthConfig:
+    """Read a YAML (or JSON, which is YAML) file; `ConfigError` says what is wrong."""
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read health config {path}: {e}") from e
+    try:
+        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise ConfigError(f"health config {path} is not valid YAML/JSON: {e}") from e
+    try:
+        return config_from_mapping({} if data is None else data)
+    except ConfigError as e:
+        raise ConfigError(f"health config {path}: {e}") from e
+
+
+def config_from_mapping(data: object) -> HealthConfig:
+    """Defaults overridden by `data`; unknown keys and wrong types raise `ConfigError`."""
+    top = _mapping(data, "health config")
+    base = HealthConfig()
+    values: dict[str, Any] = {}
+    for key, raw in top.items():
+        if key == "damping":
+            values[key] = _dataclass(base.damping, raw, "damping")
+        elif key == "damping_overrides":
+            table = _mapping(raw, key)
+            values[key] = MappingProxyType(
+                {
+                    str(check): _dataclass(base.damping, v, f"{key}.{check}")
+                    for check, v in table.items()
+                }
+            )
+        elif key == "instance_types":
+            table = _mapping(raw, key)
+            extra = {
+                str(name): _shape(v, f"{key}.{name}") for name, v in table.items()
+            }  # extends the defaults: naming one type must not forget the others
+            values[key] = MappingProxyType({**base.instance_types, **extra})
+        elif key in ("xid", "memory", "nvlink", "pcie", "thermal", "efa"):
+            values[key] = _dataclass(getattr(base, key), raw, key)
+        else:
+            raise ConfigError(_unknown(key, "", [f.name for f in dataclasses.fields(base)]))
+    config = dataclasses.replace(base, **values)
+    _validate(config)
+    return config
+
+
+def _validate(config: HealthConfig) -> None:
+    if config.thermal.action not in ACTIONS:
+        raise ConfigError(f"thermal.action must be one of {', '.join(ACTIONS)}")
+    unknown = set(config.nvlink.max_errors_per_second) - set(NVLINK_COUNTERS)
+    if unknown:
+        raise ConfigError(
+            f"nvlink.max_errors_per_second: unknown counter(s) {', '.join(sorted(unknown))};"
+            f" known: {', '.join(NVLINK_COUNTERS)}"
+        )
+    numbers = {
+        "xid.dedup_seconds": config.xid.dedup_seconds,
+        "xid.hold_seconds": config.xid.hold_seconds,
+        "xid.app_repeat_window_seconds": config.xid.app_repeat_window_seconds,
+        "memory.uncorrected_volatile_max": config.memory.uncorrected_volatile_max,
+        "memory.retired_pages_max": config.memory.retired_pages_max,
+        "thermal.sustain_seconds": config.thermal.sustain_seconds,
+        "efa.remote_errors_per_second": config.efa.remote_errors_per_second,
+        **{
+            f"nvlink.max_errors_per_second.{k}": v
+            for k, v in config.nvlink.max_errors_per_second.items()
+        },
+    }
+    for name, value in numbers.items():
+        if value < 0:
+            raise ConfigError(f"{name} must not be negative, got {value}")
+    if config.xid.app_repeat_jobs < 1:
+        raise ConfigError("xid.app_repeat_jobs must be at least 1")
+
+
+def _unknown(key: object, section: str, known: list[str]) -> str:
+    where = f"{section}.{key}" if section else str(key)
+    return f"unknown key {where!r}; known: {', '.join(sorted(known))}"
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _shape(value: object, where: str) -> InstanceShape:
+    table = _mapping(value, where)
+    for key in table:
+        if key not in ("gpus", "efa"):
+            raise ConfigError(_unknown(key, where, ["gpus", "efa"]))
+    try:
+        gpus, efa = table["gpus"], table["efa"]
+    except KeyError as e:
+        raise ConfigError(f"{where} needs both gpus and efa") from e
+    return InstanceShape(gpus=_int(gpus, f"{where}.gpus"), efa=_int(efa, f"{where}.efa"))
+
+
+def _dataclass(default: Any, raw: object, where: str) -> Any:
+    """`default` with the fields `raw` names replaced, each coerced to the default's type."""
+    table = _mapping(raw, where)
+    names = {f.name for f in dataclasses.fields(default)}
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in names:
+            raise ConfigError(_unknown(key, where, sorted(names)))
+        values[key] = _coerce(getattr(default, key), value, f"{where}.{key}")
+    return dataclasses.replace(default, **values)
+
+
+def _coerce(default: object, value: object, where: str) -> object:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false")
+        return value
+    if isinstance(default, int):
+        return _int(value, where)
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where} must be a number")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string")
+        return value
+    if isinstance(default, frozenset):
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list")
+        sample = next(iter(default), "")
+        if isinstance(sample, int):
+            return frozenset(_int(v, where) for v in value)
+        return frozenset(str(v) for v in value)
+    if isinstance(default, Mapping):
+        table = _mapping(value, where)
+        merged = {**default}
+        for k, v in table.items():
+            sample = merged.get(k, next(iter(default.values()), 0.0))
+            merged[str(k)] = _coerce(sample, v, f"{where}.{k}")
+        return MappingProxyType(merged)
+    raise ConfigError(f"{where}: cannot be configured")  # pragma: no cover - a new field type
+
+
+def _int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where} must be an integer")
+    return value
