@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from exporter.cluster.quota_cli import add_quota_parser
 from exporter.node.poller import COMPAT_MODES, NodeSources, Poller
 from exporter.node.serving import NodeAgent, serve
 from exporter.sim.faults import FaultSpecError, parse_faults
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     node.set_defaults(func=run_node)
     add_cluster_parsers(sub)
     add_topology_parser(sub)
+    add_quota_parser(sub)
     return parser
 
 

@@ -32,7 +32,7 @@ NS = "hyperpod-ns-a"
 class RunningService:
     """serve_cluster in a thread, stopped through its asyncio event."""
 
-    def __init__(self, url: str, workload_cap: int = 2000) -> None:
+    def __init__(self, url: str, workload_cap: int = 2000, quota_min_observed_s: float = 0) -> None:
         self.port = 0
         self.service: ClusterService | None = None
         self._stop = asyncio.Event()
@@ -47,7 +47,12 @@ class RunningService:
         self._thread = threading.Thread(
             target=serve_cluster,
             args=(kube_api_client(url), "127.0.0.1", 0),
-            kwargs={"workload_cap": workload_cap, "on_started": started, "stop": self._stop},
+            kwargs={
+                "workload_cap": workload_cap,
+                "on_started": started,
+                "stop": self._stop,
+                "quota_min_observed_s": quota_min_observed_s,
+            },
             daemon=True,
         )
         self._thread.start()
@@ -323,5 +328,36 @@ def test_per_workload_series_are_capped_and_the_overflow_counted(
         text = body.decode()
         assert text.count("topowatch_workload_worst_pair_hops{") == 1
         assert "topowatch_cluster_workload_series_dropped 2" in text
+    finally:
+        running.stop()
+
+
+def test_quota_recommendations_are_served_after_sampling(world: World) -> None:
+    """An idle team holding all 64 GPUs of quota is told to lend or shrink it."""
+    _, _, server, _ = world
+    running = RunningService(server.url)
+    try:
+        eventually(lambda: running.get("/readyz")[0] == 200)
+        assert running.get("/api/v1/quota/recommendations") == (200, [])  # nothing sampled yet
+        assert running.service is not None
+        running.service.sample_quota()
+        code, recs = running.get("/api/v1/quota/recommendations")
+        assert code == 200 and recs
+        assert {r["cluster_queue"] for r in recs} == {"hyperpod-ns-a-clusterqueue"}
+        assert all(r["recommended"] < r["current"] or r["kind"] == "lending_limit" for r in recs)
+        _, body = running.get("/metrics")
+        assert b"topowatch_quota_recommended_gpus{" in body
+        assert promtool_lint(body) == ""
+    finally:
+        running.stop()
+
+
+def test_no_quota_advice_before_an_hour_of_history(world: World) -> None:
+    running = RunningService(world[2].url, quota_min_observed_s=3600)
+    try:
+        eventually(lambda: running.get("/readyz")[0] == 200)
+        assert running.service is not None
+        running.service.sample_quota()
+        assert running.get("/api/v1/quota/recommendations") == (200, [])
     finally:
         running.stop()

@@ -631,6 +631,20 @@ def _preemption_policy(raw: object, problems: list[str]) -> tuple[tuple[str, str
     return tuple(sorted(pairs))
 
 
+def _fair_share_weight(raw: object, notes: list[str]) -> float:
+    """spec.fairSharing.weight, a quantity ("2", 2, "500m"); 1 when absent or unreadable."""
+    sharing = mapping(raw, "spec.fairSharing", notes)
+    weight = sharing.get("weight")
+    if weight is None:
+        return 1.0
+    try:
+        value = parse_quantity(weight)
+    except (TypeError, ValueError):
+        notes.append(f"spec.fairSharing.weight {weight!r} is not a quantity; using 1")
+        return 1.0
+    return value if value >= 0 else 1.0
+
+
 def parse_cluster_queue(obj: Mapping[str, Any], problems: list[str] | None = None) -> ClusterQueue:
     """A ClusterQueue's GPU quotas per flavor, GPU usage, workload counts and preemption policy."""
     notes: list[str] = []
@@ -653,6 +667,7 @@ def parse_cluster_queue(obj: Mapping[str, Any], problems: list[str] | None = Non
             pending_workloads=integer(status.get("pendingWorkloads"), "status.pending", notes),
             admitted_workloads=integer(status.get("admittedWorkloads"), "status.admitted", notes),
             preemption=_preemption_policy(spec.get("preemption"), notes),
+            fair_share_weight=_fair_share_weight(spec.get("fairSharing"), notes),
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")

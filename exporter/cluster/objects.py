@@ -133,6 +133,7 @@ class ClusterQueue:
     admitted_workloads: int
     # (policy field, value), e.g. ("withinClusterQueue", "LowerPriority")
     preemption: tuple[tuple[str, str], ...]
+    fair_share_weight: float = 1.0  # spec.fairSharing.weight
 
     @property
     def nominal(self) -> int:

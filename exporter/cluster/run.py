@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_CLUSTER_PORT = 9403
+QUOTA_SAMPLE_S = 60.0
 
 
 def kube_api_client(host: str | None = None) -> kubernetes.client.ApiClient:
@@ -66,10 +67,15 @@ def serve_cluster(
     stop: asyncio.Event | None = None,
     controller: RemediationController | None = None,
     alerts_token: str | None = None,
+    quota_sample_s: float = QUOTA_SAMPLE_S,
+    quota_min_observed_s: float = 3600.0,
 ) -> ClusterService:
     """Run informers and the HTTP service until SIGTERM/SIGINT (or `stop`)."""
     service = ClusterService(
-        workload_cap=workload_cap, controller=controller, alerts_token=alerts_token
+        workload_cap=workload_cap,
+        controller=controller,
+        alerts_token=alerts_token,
+        quota_min_observed_s=quota_min_observed_s,
     )
     if controller is not None:
         controller.start()
@@ -93,7 +99,11 @@ def serve_cluster(
             if on_started is not None:
                 on_started(bound, service)
 
-        await run_app(build_app(service), host, port, stop_event, started)
+        sampler = asyncio.create_task(_sample_quota(service, quota_sample_s))
+        try:
+            await run_app(build_app(service), host, port, stop_event, started)
+        finally:
+            sampler.cancel()
 
     try:
         asyncio.run(main())
@@ -102,6 +112,19 @@ def serve_cluster(
         if controller is not None:
             controller.stop()
     return service
+
+
+async def _sample_quota(service: ClusterService, every_s: float) -> None:
+    """Feed the quota history once synced, then every `every_s` seconds, off the event loop."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(every_s if service.synced else 1.0)
+        if not service.synced:
+            continue
+        try:
+            await loop.run_in_executor(None, service.sample_quota)
+        except Exception:  # advice is optional; the service must keep serving without it
+            log.exception("quota sampling failed")
 
 
 # --- remediation ------------------------------------------------------------------------------

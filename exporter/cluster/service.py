@@ -21,6 +21,9 @@ from aiohttp import web
 from exporter.cluster import metrics, views
 from exporter.cluster.informers import InformerSet
 from exporter.cluster.model import ClusterModel
+from exporter.cluster.quota import AdvisorConfig, Recommendation, advise
+from exporter.cluster.quota_history import QuotaHistory
+from exporter.cluster.quota_views import quota_families, recommendations_view
 from exporter.node.exposition import (
     COUNTER,
     GAUGE,
@@ -51,6 +54,7 @@ class ClusterService:
         clock: Callable[[], float] = time.time,
         controller: RemediationController | None = None,
         alerts_token: str | None = None,
+        quota_min_observed_s: float = 3600.0,
     ) -> None:
         self.model = model or ClusterModel()
         self.controller = controller  # gets every Node event; its observe_node never blocks
@@ -58,6 +62,10 @@ class ClusterService:
         self.workload_cap = workload_cap
         self.clock = clock
         self.lock = threading.Lock()
+        self.quota_history = QuotaHistory()
+        self.quota_min_observed_s = quota_min_observed_s
+        self._quota_first_sample: float | None = None
+        self._quota_advice: list[Recommendation] = []
         self.informers: InformerSet | None = None
 
     # InformerSink
@@ -90,6 +98,7 @@ class ClusterService:
     def metrics_body(self, openmetrics: bool) -> bytes:
         with self.lock:
             families = metrics.render(self.model, self.workload_cap)
+            families.extend(quota_families(self._quota_advice, self.model))
         families.extend(self.informer_families())
         if self.controller is not None:
             families.extend(self.controller.families())
@@ -151,6 +160,28 @@ class ClusterService:
     def topology(self) -> dict[str, Any]:
         with self.lock:
             return views.topology_view(self.model)
+
+    def sample_quota(self) -> None:
+        """One step of the quota history, and fresh advice cached for the API and /metrics.
+
+        Called on a timer (every QUOTA_SAMPLE_S): advice is a window's judgement, not a per-scrape
+        one, and computing it once keeps scrapes cheap. None is published before
+        `quota_min_observed_s` of history (default an hour)."""
+        with self.lock:
+            now = self.clock()
+            self.quota_history.sample(self.model, now)
+            if self._quota_first_sample is None:
+                self._quota_first_sample = now
+            if now - self._quota_first_sample < self.quota_min_observed_s:
+                return  # advice from a few minutes of history would be noise, not evidence
+            weights = {name: cq.fair_share_weight for name, cq in self.model.cluster_queues.items()}
+            self._quota_advice = advise(
+                self.model, self.quota_history, now, AdvisorConfig(weights=weights)
+            )
+
+    def quota_recommendations(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return recommendations_view(self._quota_advice)
 
     def readiness(self) -> dict[str, Any]:
         informers = self.informers.status() if self.informers is not None else []
@@ -237,6 +268,9 @@ def build_app(service: ClusterService) -> web.Application:
     async def topology(_: web.Request) -> web.Response:
         return web.json_response(await off_loop(service.topology))
 
+    async def quota(_: web.Request) -> web.Response:
+        return web.json_response(await off_loop(service.quota_recommendations))
+
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz)
@@ -245,6 +279,7 @@ def build_app(service: ClusterService) -> web.Application:
     app.router.add_get("/api/v1/workloads/{namespace}/{name}", workload)
     app.router.add_get("/api/v1/preemptions", preemptions)
     app.router.add_get("/api/v1/topology", topology)
+    app.router.add_get("/api/v1/quota/recommendations", quota)
     add_remediation_routes(app, service)
     return app
 

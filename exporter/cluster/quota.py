@@ -1,0 +1,617 @@
+"""Quota advice from what the cluster did: nominal quota, borrowing and lending limits, and
+whether the teams' topology requests fit the domains the cluster has.
+
+Pure: a model (for quotas, nodes and the topology), a QuotaHistory (for what happened over the
+window) and a config in; recommendations out. Each recommendation carries a reason from a small
+fixed set (a metric label) and the numbers that led to it, so an admin can check the advice
+rather than trust it. Rules, per ClusterQueue (a HyperPod team):
+
+- nominal up toward observed demand (GPUs used + GPUs waiting on *quota*), down when used plus
+  everything waiting stays well under it; never down while the team's jobs wait on topology
+  (their demand is hidden), and the total per flavor kept within the flavor's GPUs, shared by
+  fair-share weight when demand exceeds it;
+- topology fit: jobs requiring N GPUs inside one domain of a level where no domain has N GPUs
+  can never run, whatever the quota;
+- topology mode: jobs waiting on topology while the level's free GPUs, taken together, would
+  hold them: a preferred request would have started them;
+- borrowing limit for teams that borrow in most of the window; lending limit for quota that
+  idles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from exporter.cluster.metrics import team_of
+from exporter.cluster.model import ClusterModel
+from exporter.cluster.objects import ClusterQueue, FlavorQuota, Node
+from exporter.cluster.quota_history import JobShape, QueueSummary, QuotaHistory
+from exporter.topology.labels import INSTANCE_TYPE_KEY
+from exporter.topology.tree import level_of_label_key
+
+Kind = Literal["nominal", "topology_fit", "borrowing_limit", "lending_limit", "topology_mode"]
+KINDS: tuple[Kind, ...] = (
+    "nominal",
+    "topology_fit",
+    "borrowing_limit",
+    "lending_limit",
+    "topology_mode",
+)
+
+# The reason label's whole vocabulary: the metric's cardinality is queues x these.
+DEMAND_ABOVE_NOMINAL = "demand_above_nominal"
+NOMINAL_IDLE = "nominal_idle"
+OVER_CAPACITY = "over_capacity"
+UNPLACEABLE_AT_LEVEL = "unplaceable_at_level"
+PERSISTENT_BORROWING = "persistent_borrowing"
+IDLE_QUOTA_NOT_LENT = "idle_quota_not_lent"
+TOPOLOGY_WAIT_PREFERRED_FITS = "topology_wait_preferred_fits"
+REASONS = (
+    DEMAND_ABOVE_NOMINAL,
+    NOMINAL_IDLE,
+    OVER_CAPACITY,
+    UNPLACEABLE_AT_LEVEL,
+    PERSISTENT_BORROWING,
+    IDLE_QUOTA_NOT_LENT,
+    TOPOLOGY_WAIT_PREFERRED_FITS,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """One change for one ClusterQueue.
+
+    GPUs throughout. `current`/`recommended` mean, by kind: nominal, borrowing_limit,
+    lending_limit: the quota field now and advised (`current` None: no limit set);
+    topology_fit: GPUs the team's jobs need inside one domain, and the most one domain of that
+    level has; topology_mode: GPUs on average waiting on topology, and 0 (what a preferred
+    request would leave waiting). `flavor` is the ResourceFlavor (a HyperPod instance type)
+    the change applies to, "" for advice about jobs rather than quota.
+    """
+
+    cluster_queue: str
+    team: str
+    kind: Kind
+    current: int | None
+    recommended: int
+    reason: str
+    detail: str
+    evidence: Mapping[str, float] = field(default_factory=dict)
+    flavor: str = ""
+    level: str = ""  # the topology level a topology_* recommendation is about
+
+
+@dataclass(frozen=True, slots=True)
+class AdvisorConfig:
+    """Thresholds. `granularity` rounds GPU figures (8: whole p5 nodes); `headroom` is the
+    margin kept above observed demand when cutting quota; changes smaller than
+    `change_tolerance` of the current value (and than one granule) are not worth an edit."""
+
+    granularity: int = 8
+    headroom: float = 1.25
+    change_tolerance: float = 0.25
+    persistent_borrowing_fraction: float = 0.5
+    idle_fraction: float = 0.5
+    topology_wait_fraction: float = 0.25
+    weights: Mapping[str, float] = field(default_factory=dict)  # ClusterQueue -> weight
+
+
+def advise(
+    model: ClusterModel, history: QuotaHistory, now: float, config: AdvisorConfig | None = None
+) -> list[Recommendation]:
+    """Every recommendation for every queue, sorted by queue then kind; at most one per
+    (queue, kind), so metric series never collide."""
+    config = config or AdvisorConfig()
+    summaries = history.summaries()
+    recs: list[Recommendation] = []
+    wants: dict[str, _Want] = {}
+    for name in sorted(model.cluster_queues):
+        cq = model.cluster_queues[name]
+        summary = summaries.get(name)
+        if summary is None or not cq.gpu_quotas:
+            continue
+        unplaceable = _unplaceable_quota_wait(model, cq, summary)
+        wants[name] = _nominal_want(cq, summary, config, unplaceable)
+    recs.extend(_nominal_recs(model, wants, summaries, config))
+    advised_nominal = {r.cluster_queue: r.recommended for r in recs if r.kind == "nominal"}
+    for name, want in sorted(wants.items()):
+        cq = model.cluster_queues[name]
+        summary = summaries[name]
+        nominal = advised_nominal.get(name, want.quota.nominal)
+        recs.extend(_limit_recs(cq, want.quota, summary, nominal, config))
+    for name in sorted(summaries):
+        recs.extend(_topology_recs(model, name, summaries[name], config))
+    order = {kind: i for i, kind in enumerate(KINDS)}
+    recs.sort(key=lambda r: (r.cluster_queue, order[r.kind]))
+    return recs
+
+
+# --- nominal ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Want:
+    quota: FlavorQuota  # the flavor the advice changes (the queue's largest GPU flavor)
+    target: int  # nominal the demand asks for; == quota.nominal when no change is due
+    reason: str
+    detail: str
+    evidence: Mapping[str, float]
+
+
+def _unplaceable_quota_wait(model: ClusterModel, cq: ClusterQueue, s: QueueSummary) -> float:
+    """Average GPUs waiting on quota in jobs no domain of their required level can hold:
+    more quota would not start them, so they are not demand for quota."""
+    flavors = [q.flavor for q in cq.gpu_quotas]
+    largest: dict[str, int] = {}
+    gpu_s = 0.0
+    for shape, seconds in s.shapes.items():
+        if shape.state != "pending" or shape.pending_cause != "quota" or shape.mode != "required":
+            continue
+        if not shape.level_key:
+            continue
+        if shape.level_key not in largest:
+            largest[shape.level_key] = largest_domain_gpus(model, shape.level_key, flavors)
+        if 0 < largest[shape.level_key] < shape.gpus:
+            gpu_s += shape.gpus * seconds
+    return gpu_s / s.seconds if s.seconds > 0 else 0.0
+
+
+def _nominal_want(
+    cq: ClusterQueue, s: QueueSummary, config: AdvisorConfig, unplaceable: float = 0.0
+) -> _Want:
+    quota = max(cq.gpu_quotas, key=lambda q: (q.nominal, q.flavor))
+    others = cq.nominal - quota.nominal  # other GPU flavors keep their quota
+    gran = max(1, config.granularity)
+    quota_wait = max(0.0, s.avg_pending_quota - unplaceable)
+    quota_demand = s.avg_used + quota_wait
+    all_demand = quota_demand + s.avg_pending_topology
+    largest_quota_wait = max(
+        (sh.gpus for sh in s.shapes if sh.state == "pending" and sh.pending_cause == "quota"),
+        default=0,
+    )
+    if unplaceable > 0:
+        largest_quota_wait = 0  # the largest may be the unplaceable one; demand covers the rest
+    evidence = {
+        "nominal": float(cq.nominal),
+        "avg_used_gpus": round(s.avg_used, 2),
+        "avg_borrowed_gpus": round(s.avg_borrowed, 2),
+        "avg_pending_quota_gpus": round(s.avg_pending_quota, 2),
+        "avg_unplaceable_pending_gpus": round(unplaceable, 2),
+        "avg_pending_topology_gpus": round(s.avg_pending_topology, 2),
+        "pending_quota_gpu_hours": round(s.pending_quota_gpu_hours, 2),
+        "busiest_hour_used_gpus": round(s.busiest_used, 2),
+        "window_hours": round(s.seconds / 3600.0, 2),
+        "samples": float(s.samples),
+    }
+    keep = _Want(quota, quota.nominal, "", "", evidence)
+    window = _window_words(s)
+    if quota_demand > cq.nominal:
+        target = _round_up(max(quota_demand, largest_quota_wait + s.avg_used), gran) - others
+        if _worth_changing(quota.nominal, target, config):
+            return _Want(
+                quota,
+                target,
+                DEMAND_ABOVE_NOMINAL,
+                f"used {s.avg_used:.0f} GPUs on average ({s.avg_borrowed:.0f} of them borrowed) "
+                f"and kept {quota_wait:.0f} more waiting on quota "
+                f"({s.pending_quota_gpu_hours:.1f} GPU-hours) {window}, against a nominal quota "
+                f"of {cq.nominal}",
+                evidence,
+            )
+        return keep
+    if s.topology_waiting_fraction >= config.topology_wait_fraction or unplaceable > 0:
+        return keep  # its jobs wait on topology: what it would use is not observed
+    floor = max(s.busiest_used, all_demand * config.headroom, largest_quota_wait, gran)
+    target = _round_up(floor, gran) - others
+    if target < quota.nominal and _worth_changing(quota.nominal, target, config):
+        idle = 1.0 - (s.avg_used / cq.nominal) if cq.nominal else 0.0
+        return _Want(
+            quota,
+            max(0, target),
+            NOMINAL_IDLE,
+            f"used {s.avg_used:.0f} of its {cq.nominal} nominal GPUs on average "
+            f"({idle:.0%} idle; busiest hour {s.busiest_used:.0f}) with "
+            f"{s.avg_pending_quota + s.avg_pending_topology:.0f} waiting {window}; "
+            f"{target + others} keeps a {config.headroom - 1:.0%} margin",
+            evidence,
+        )
+    return keep
+
+
+def _nominal_recs(
+    model: ClusterModel,
+    wants: Mapping[str, _Want],
+    summaries: Mapping[str, QueueSummary],
+    config: AdvisorConfig,
+) -> list[Recommendation]:
+    """Apply the wants, then keep each flavor's total within its GPUs, by fair-share weight."""
+    by_flavor: dict[str, list[str]] = {}
+    for name, want in wants.items():
+        by_flavor.setdefault(want.quota.flavor, []).append(name)
+    # Queues the advisor has no figures for still hold their nominal quota of the flavor.
+    held: dict[str, int] = {}
+    for name, cq in model.cluster_queues.items():
+        for quota in cq.gpu_quotas:
+            if name not in wants or wants[name].quota.flavor != quota.flavor:
+                held[quota.flavor] = held.get(quota.flavor, 0) + quota.nominal
+    recs: list[Recommendation] = []
+    for flavor, names in sorted(by_flavor.items()):
+        capacity = flavor_capacity(model, flavor)
+        asked = {n: wants[n].target for n in names}
+        budget = max(0, capacity - held.get(flavor, 0))
+        capped = capacity > 0 and sum(asked.values()) > budget
+        weights = {n: fair_share_weight(config.weights, n) for n in names}
+        granted = fair_split(asked, weights, budget, config.granularity) if capped else asked
+        for name in sorted(names):
+            rec = _nominal_rec(wants[name], name, granted[name], capped, config)
+            if rec is None:
+                continue
+            if capped:
+                total = sum(asked.values()) + held.get(flavor, 0)
+                share = (
+                    f"{flavor} has {capacity} GPUs and the queues ask for {total}; "
+                    f"by fair-share weight {weights[name]:g} its share is {rec.recommended}"
+                )
+                evidence = {
+                    **rec.evidence,
+                    "capacity_gpus": float(capacity),
+                    "asked_total_gpus": float(total),
+                    "fair_share_weight": weights[name],
+                }
+                detail = f"{rec.detail}; {share}" if rec.detail else share
+                rec = replace(rec, detail=detail, evidence=evidence)
+            recs.append(rec)
+    return recs
+
+
+def _nominal_rec(
+    want: _Want, name: str, value: int, capped: bool, config: AdvisorConfig
+) -> Recommendation | None:
+    current = want.quota.nominal
+    if value == current:
+        return None
+    if value < min(current, want.target):
+        reason, detail = OVER_CAPACITY, ""  # cut below demand: the flavor is oversubscribed
+    elif want.reason and _worth_changing(current, value, config):
+        reason, detail = want.reason, want.detail
+    else:
+        return None
+    return Recommendation(
+        cluster_queue=name,
+        team=team_of(name),
+        kind="nominal",
+        current=current,
+        recommended=value,
+        reason=reason,
+        detail=detail,
+        evidence=dict(want.evidence),
+        flavor=want.quota.flavor,
+    )
+
+
+def fair_split(
+    asked: Mapping[str, int], weights: Mapping[str, float], budget: int, granularity: int = 1
+) -> dict[str, int]:
+    """Weighted max-min fair shares of `budget`: a queue asking less than its weighted share
+    gets what it asks and leaves the rest to the others (water filling)."""
+    gran = max(1, granularity)
+    granted: dict[str, int] = {}
+    active = sorted(asked)
+    remaining = float(budget)
+    while active:
+        total_weight = sum(max(0.0, weights.get(n, 1.0)) for n in active)
+        shares = {
+            n: remaining * max(0.0, weights.get(n, 1.0)) / total_weight
+            if total_weight > 0
+            else remaining / len(active)
+            for n in active
+        }
+        satisfied = [n for n in active if asked[n] <= shares[n]]
+        if not satisfied:
+            for name in active:
+                granted[name] = int(shares[name] // gran) * gran
+            break
+        for name in satisfied:
+            granted[name] = asked[name]
+            remaining -= asked[name]
+            active.remove(name)
+    return granted
+
+
+# --- borrowing and lending limits -------------------------------------------------------------
+
+
+def _limit_recs(
+    cq: ClusterQueue, quota: FlavorQuota, s: QueueSummary, nominal: int, config: AdvisorConfig
+) -> list[Recommendation]:
+    if not cq.cohort:
+        return []  # limits only mean something inside a cohort
+    recs: list[Recommendation] = []
+    gran = max(1, config.granularity)
+    team = team_of(cq.name)
+    window = _window_words(s)
+    if s.borrowing_fraction >= config.persistent_borrowing_fraction:
+        burst = _round_up(max(gran, s.peak_used - nominal), gran)
+        current = quota.borrowing_limit
+        if current is None or current < burst:  # unbounded, or too tight for its bursts
+            reclaimed = (
+                f"; it suffered {s.preemptions_suffered} preemption(s) in the window"
+                if s.preemptions_suffered
+                else ""
+            )
+            recs.append(
+                Recommendation(
+                    cluster_queue=cq.name,
+                    team=team,
+                    kind="borrowing_limit",
+                    current=current,
+                    recommended=burst,
+                    reason=PERSISTENT_BORROWING,
+                    detail=(
+                        f"borrowed in {s.borrowing_fraction:.0%} of the time {window} "
+                        f"({s.avg_borrowed:.0f} GPUs on average, peak {s.peak_borrowed}); with a "
+                        f"nominal quota of {nominal}, a borrowing limit of {burst} covers its "
+                        f"peak of {s.peak_used} without leaning on others' idle GPUs{reclaimed}"
+                    ),
+                    evidence={
+                        "borrowing_fraction": round(s.borrowing_fraction, 3),
+                        "avg_borrowed_gpus": round(s.avg_borrowed, 2),
+                        "peak_borrowed_gpus": float(s.peak_borrowed),
+                        "peak_used_gpus": float(s.peak_used),
+                        "nominal_after_advice": float(nominal),
+                        "preemptions_suffered": float(s.preemptions_suffered),
+                    },
+                    flavor=quota.flavor,
+                )
+            )
+    idle = 1.0 - s.avg_used / s.avg_nominal if s.avg_nominal > 0 else 0.0
+    if quota.lending_limit is not None and idle >= config.idle_fraction:
+        lendable = max(0, nominal - _round_up(s.busiest_used, gran))
+        lendable = min(lendable, nominal)
+        if lendable > quota.lending_limit:
+            recs.append(
+                Recommendation(
+                    cluster_queue=cq.name,
+                    team=team,
+                    kind="lending_limit",
+                    current=quota.lending_limit,
+                    recommended=lendable,
+                    reason=IDLE_QUOTA_NOT_LENT,
+                    detail=(
+                        f"{idle:.0%} of its quota idled {window} (busiest hour used "
+                        f"{s.busiest_used:.0f} GPUs) while it lends at most "
+                        f"{quota.lending_limit}; lending {lendable} of a nominal {nominal} "
+                        "lets the cohort use them and reclaims them when the team needs them"
+                    ),
+                    evidence={
+                        "idle_fraction": round(idle, 3),
+                        "avg_used_gpus": round(s.avg_used, 2),
+                        "busiest_hour_used_gpus": round(s.busiest_used, 2),
+                        "nominal_after_advice": float(nominal),
+                    },
+                    flavor=quota.flavor,
+                )
+            )
+    return recs
+
+
+# --- topology ---------------------------------------------------------------------------------
+
+
+def _topology_recs(
+    model: ClusterModel, name: str, s: QueueSummary, config: AdvisorConfig
+) -> list[Recommendation]:
+    cq = model.cluster_queues.get(name)
+    flavors = [q.flavor for q in cq.gpu_quotas] if cq is not None else []
+    team = team_of(name)
+    required: dict[str, dict[int, float]] = {}  # level key -> GPUs -> seconds seen
+    for shape, seconds in s.shapes.items():
+        if shape.mode == "required" and shape.level_key and shape.gpus > 0:
+            sizes = required.setdefault(shape.level_key, {})
+            sizes[shape.gpus] = sizes.get(shape.gpus, 0.0) + seconds
+    recs: list[Recommendation] = []
+    unplaceable_levels: set[str] = set()
+    worst: tuple[int, int, str, dict[int, float]] | None = None  # (excess, largest, key, sizes)
+    for key, sizes in sorted(required.items()):
+        largest = largest_domain_gpus(model, key, flavors)
+        if largest <= 0:
+            continue  # no node carries the level's label: nothing to judge against
+        too_big = {g: t for g, t in sizes.items() if g > largest}
+        if too_big:
+            unplaceable_levels.add(key)
+            excess = max(too_big) - largest
+            if worst is None or excess > worst[0]:
+                worst = (excess, largest, key, too_big)
+    if worst is not None:
+        _, largest, key, too_big = worst
+        needed = max(too_big)
+        level = _level_name(key)
+        higher = _level_above_that_fits(model, key, needed, flavors)
+        fix = (
+            f"require {higher} instead (a domain there holds {needed}), or prefer {level}"
+            if higher
+            else f"prefer {level} rather than require it, or split the job"
+        )
+        recs.append(
+            Recommendation(
+                cluster_queue=name,
+                team=team,
+                kind="topology_fit",
+                current=needed,
+                recommended=largest,
+                reason=UNPLACEABLE_AT_LEVEL,
+                detail=(
+                    f"jobs of {needed} GPUs require one {level} domain, but the largest {level} "
+                    f"domain has {largest} GPUs: no quota can place them; {fix}"
+                ),
+                evidence={
+                    "job_gpus": float(needed),
+                    "largest_domain_gpus": float(largest),
+                    "pending_topology_gpu_hours": round(s.pending_topology_gpu_hours, 2),
+                    "unplaceable_job_hours": round(sum(too_big.values()) / 3600.0, 2),
+                },
+                level=level,
+            )
+        )
+    waiting = s.topology_waiting_fraction >= config.topology_wait_fraction
+    if waiting and s.avg_topology_fit_if_preferred > 0:
+        keys = [k for k in required if k not in unplaceable_levels]
+        if keys:
+            key = max(keys, key=lambda k: sum(required[k].values()))
+            level = _level_name(key)
+            waiting_gpus = math.ceil(s.avg_pending_topology)
+            recs.append(
+                Recommendation(
+                    cluster_queue=name,
+                    team=team,
+                    kind="topology_mode",
+                    current=waiting_gpus,
+                    recommended=0,
+                    reason=TOPOLOGY_WAIT_PREFERRED_FITS,
+                    detail=(
+                        f"jobs waited on topology {s.topology_waiting_fraction:.0%} of the time "
+                        f"{_window_words(s)} ({s.pending_topology_gpu_hours:.1f} GPU-hours) "
+                        f"although enough {level} GPUs were free in total: quota is not the "
+                        f"limit, free GPUs are split across {level} domains; a preferred "
+                        f"{level} request would have started them (or defragment the domains)"
+                    ),
+                    evidence={
+                        "topology_waiting_fraction": round(s.topology_waiting_fraction, 3),
+                        "avg_pending_topology_gpus": round(s.avg_pending_topology, 2),
+                        "avg_fit_if_preferred_gpus": round(s.avg_topology_fit_if_preferred, 2),
+                        "pending_topology_gpu_hours": round(s.pending_topology_gpu_hours, 2),
+                        "avg_pending_quota_gpus": round(s.avg_pending_quota, 2),
+                    },
+                    level=level,
+                )
+            )
+    return recs
+
+
+# --- capacity ---------------------------------------------------------------------------------
+
+
+def flavor_nodes(model: ClusterModel, flavor: str) -> list[Node]:
+    """Nodes a ResourceFlavor selects: its nodeLabels when the flavor is known, else nodes of
+    the instance type it is named after (HyperPod's convention), else every node."""
+    known = model.flavors.get(flavor)
+    if known is not None and known.node_labels:
+        return [
+            n for n in model.nodes.values() if all(n.label(k) == v for k, v in known.node_labels)
+        ]
+    typed = [n for n in model.nodes.values() if n.label(INSTANCE_TYPE_KEY) == flavor]
+    return typed or list(model.nodes.values())
+
+
+def flavor_capacity(model: ClusterModel, flavor: str) -> int:
+    """Allocatable GPUs of the flavor's nodes, cordoned ones included: quota is planned for
+    the cluster's structure, not for this hour's repairs."""
+    return sum(n.allocatable_gpus for n in flavor_nodes(model, flavor))
+
+
+def largest_domain_gpus(model: ClusterModel, level_key: str, flavors: Iterable[str]) -> int:
+    """The most allocatable GPUs any one domain of the level holds among the flavors' nodes."""
+    nodes: dict[str, Node] = {}
+    for flavor in flavors:
+        nodes.update((n.name, n) for n in flavor_nodes(model, flavor))
+    if not nodes:
+        nodes = dict(model.nodes)
+    per_domain: dict[str, int] = {}
+    for node in nodes.values():
+        value = node.name if level_key == "kubernetes.io/hostname" else node.label(level_key)
+        if value:
+            per_domain[value] = per_domain.get(value, 0) + node.allocatable_gpus
+    return max(per_domain.values(), default=0)
+
+
+def _level_above_that_fits(
+    model: ClusterModel, level_key: str, gpus: int, flavors: Iterable[str]
+) -> str:
+    """The nearest broader network level with a domain holding `gpus`, "" when none does."""
+    level = level_of_label_key(level_key)
+    if level is None or not level.startswith("network-node-layer-"):
+        return ""
+    depth = int(level.rsplit("-", 1)[1])
+    flavor_list = list(flavors)
+    for up in range(depth - 1, 0, -1):
+        key = f"topology.k8s.aws/network-node-layer-{up}"
+        if largest_domain_gpus(model, key, flavor_list) >= gpus:
+            return f"network-node-layer-{up}"
+    return ""
+
+
+# --- fair-share weights -----------------------------------------------------------------------
+
+
+def fair_share_weight(weights: Mapping[str, float], cluster_queue: str) -> float:
+    return weights.get(cluster_queue, 1.0)
+
+
+def fair_share_weights(objects: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """spec.fairSharing.weight of each ClusterQueue in raw API objects (a Kubernetes quantity:
+    2, "2", "500m"); absent or unreadable weights are left out, so they default to 1.
+
+    The parsed ClusterQueue does not carry the weight, so callers holding raw objects (a dump)
+    pass them through here into AdvisorConfig.weights."""
+    out: dict[str, float] = {}
+    for obj in objects:
+        if not isinstance(obj, Mapping) or obj.get("kind") != "ClusterQueue":
+            continue
+        meta, spec = obj.get("metadata"), obj.get("spec")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        sharing = spec.get("fairSharing") if isinstance(spec, Mapping) else None
+        raw = sharing.get("weight") if isinstance(sharing, Mapping) else None
+        weight = parse_quantity(raw)
+        if isinstance(name, str) and weight is not None:
+            out[name] = weight
+    return out
+
+
+def parse_quantity(value: object) -> float | None:
+    """A plain Kubernetes quantity as a float (integers, decimals, the milli suffix)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if value >= 0 else None
+    if not isinstance(value, str) or not value:
+        return None
+    scale = 1.0
+    text = value.strip()
+    if text.endswith("m"):
+        scale, text = 0.001, text[:-1]
+    try:
+        number = float(text) * scale
+    except ValueError:
+        return None
+    return number if number >= 0 and math.isfinite(number) else None
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _round_up(value: float, granularity: int) -> int:
+    return math.ceil(value / granularity - 1e-9) * granularity if value > 0 else 0
+
+
+def _worth_changing(current: int, target: int, config: AdvisorConfig) -> bool:
+    diff = abs(target - current)
+    return diff >= max(1, config.granularity) and diff >= config.change_tolerance * current
+
+
+def _level_name(key: str) -> str:
+    return level_of_label_key(key) or key
+
+
+def _window_words(s: QueueSummary) -> str:
+    hours = s.seconds / 3600.0
+    if s.samples <= 1:
+        return "in the one snapshot seen"
+    return f"over {hours:.1f} h ({s.samples} samples)"
+
+
+def shapes_of(s: QueueSummary, state: str) -> dict[JobShape, float]:
+    """The job shapes of one state ("admitted" or "pending") and the seconds each was seen."""
+    return {shape: t for shape, t in s.shapes.items() if shape.state == state}
