@@ -238,6 +238,11 @@ def add_cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S s")
     demo.add_argument("--no-node-agents", action="store_true", help="only the cluster side")
+    demo.add_argument(
+        "--remediate",
+        action="store_true",
+        help="let the controller act on the simulated nodes (HyperPod labels); default observe",
+    )
     demo.set_defaults(func=run_demo)
 
 
@@ -315,6 +320,7 @@ def run_demo(args: argparse.Namespace) -> int:
             args.seed,
             args.duration,
             with_agents=not args.no_node_agents,
+            remediate=args.remediate,
         )
     except (ValueError, FaultSpecError) as e:
         print(f"topowatch demo: {e}", file=sys.stderr)

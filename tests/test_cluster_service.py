@@ -23,6 +23,7 @@ from exporter.cluster.run import explain_live, kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService
 from exporter.sim.apiserver import FakeApiServer, ObjectStore
 from exporter.sim.cluster import ClusterShape, SimulatedCluster
+from healthcheck.controller import RemediationController
 from tests.conftest import promtool_lint
 
 L3 = "topology.k8s.aws/network-node-layer-3"
@@ -32,7 +33,13 @@ NS = "hyperpod-ns-a"
 class RunningService:
     """serve_cluster in a thread, stopped through its asyncio event."""
 
-    def __init__(self, url: str, workload_cap: int = 2000, quota_min_observed_s: float = 0) -> None:
+    def __init__(
+        self,
+        url: str,
+        workload_cap: int = 2000,
+        quota_min_observed_s: float = 0,
+        controller: RemediationController | None = None,
+    ) -> None:
         self.port = 0
         self.service: ClusterService | None = None
         self._stop = asyncio.Event()
@@ -52,6 +59,7 @@ class RunningService:
                 "on_started": started,
                 "stop": self._stop,
                 "quota_min_observed_s": quota_min_observed_s,
+                "controller": controller,
             },
             daemon=True,
         )

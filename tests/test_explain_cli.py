@@ -163,6 +163,7 @@ def test_demo_runs_the_whole_system_and_agents_agree_with_the_cluster(tmp_path: 
             "40",
             "--fault",
             f"node={first_node}:xid=79@gpu3",
+            "--remediate",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -207,6 +208,19 @@ def test_demo_runs_the_whole_system_and_agents_agree_with_the_cluster(tmp_path: 
             if n["level"] == "node" and _parent_layer3(zone, n["domain"]) == layer3.group(1)
         }
         assert node.group(1) in nodes
+        # With --remediate, the fatal XID ends in HyperPod's replacement label on that node.
+        api = re.search(r"Kubernetes API \(simulated\): (http://\S+)", text)
+        assert api is not None
+
+        def label() -> str:
+            with urllib.request.urlopen(f"{api.group(1)}/api/v1/nodes/{first_node}") as r:
+                labels = json.load(r)["metadata"]["labels"]
+            return str(labels["sagemaker.amazonaws.com/node-health-status"])
+
+        deadline = time.monotonic() + 45
+        while label() != "UnschedulablePendingReplacement" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert label() == "UnschedulablePendingReplacement"
     finally:
         proc.terminate()
         proc.wait(20)

@@ -143,10 +143,6 @@ def build_controller(
     window_seconds}, cooldown_seconds, active_timeout_seconds, max_attempts, providers [...],
     alert_token_file. A config that cannot be read fully is refused: no half-understood policy.
     """
-    from healthcheck.actions.registry import ConfigError, build_providers
-    from healthcheck.controller import KubeNodeWriter, RemediationController
-    from healthcheck.policy import PolicyConfig
-
     try:
         raw = yaml.safe_load(config_file.read_text()) or {}
     except OSError as exc:
@@ -155,20 +151,34 @@ def build_controller(
         raise RemediationConfigError(f"{config_file}: not YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise RemediationConfigError(f"{config_file}: expected a mapping at the top")
+    try:
+        controller = controller_from_mapping(raw, api_client)
+    except RemediationConfigError as exc:
+        raise RemediationConfigError(f"{config_file}: {exc}") from exc
+    token_file = raw.get("alert_token_file")
+    token = read_token(Path(token_file)) if isinstance(token_file, str) else None
+    return controller, token
+
+
+def controller_from_mapping(
+    raw: dict[str, Any], api_client: kubernetes.client.ApiClient
+) -> RemediationController:
+    """A controller from an already-parsed remediation config (see build_controller)."""
+    from healthcheck.actions.registry import ConfigError, build_providers
+    from healthcheck.controller import KubeNodeWriter, RemediationController
+    from healthcheck.policy import PolicyConfig
+
     policy, problems = PolicyConfig.from_mapping(raw)
     if problems:
-        raise RemediationConfigError(f"{config_file}: " + "; ".join(problems))
+        raise RemediationConfigError("; ".join(problems))
     core_v1 = kubernetes.client.CoreV1Api(api_client)
     try:
         providers = build_providers(raw.get("providers"), core_v1)
     except ConfigError as exc:
-        raise RemediationConfigError(f"{config_file}: {exc}") from exc
+        raise RemediationConfigError(str(exc)) from exc
     if policy.mode == "act" and not providers:
-        raise RemediationConfigError(f"{config_file}: mode act needs at least one provider")
-    token_file = raw.get("alert_token_file")
-    token = read_token(Path(token_file)) if isinstance(token_file, str) else None
-    controller = RemediationController(policy, providers, writer=KubeNodeWriter(core_v1))
-    return controller, token
+        raise RemediationConfigError("mode act needs at least one provider")
+    return RemediationController(policy, providers, writer=KubeNodeWriter(core_v1))
 
 
 def read_token(path: Path) -> str:

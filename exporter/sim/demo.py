@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import TextIO
 
-from exporter.cluster.run import kube_api_client, serve_cluster
+from exporter.cluster.run import controller_from_mapping, kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService
 from exporter.cluster.views import status_of
 from exporter.sim.environment import NodeAgentFleet, SimulatedEnvironment
@@ -46,13 +46,23 @@ def run_demo(
     seed: int,
     duration: float | None,
     with_agents: bool = True,
+    remediate: bool = False,
     out: TextIO = sys.stdout,
 ) -> int:
+    """`remediate` lets the controller act (HyperPod labels on the simulated nodes); without
+    it the controller only decides and audits, as `topowatch cluster` does by default."""
     env = SimulatedEnvironment(seed=seed).start()
     fleet = None
     try:
         if with_agents:
-            fleet = NodeAgentFleet(env, host=host, port_base=node_port_base, faults=faults)
+            fleet = NodeAgentFleet(
+                env,
+                host=host,
+                port_base=node_port_base,
+                interval=5.0,
+                faults=faults,
+                report_url=env.url,
+            )
             fleet.start()
         elif faults:
             raise ValueError("--fault needs the node agents")
@@ -70,6 +80,8 @@ def run_demo(
         print(f"  Kubernetes API (simulated): {env.url}", file=out)
         print(f"  cluster metrics:  {base}/metrics", file=out)
         print(f"  API:              {base}/api/v1/topology  {base}/api/v1/preemptions", file=out)
+        mode = "act (HyperPod labels)" if remediate else "observe (--remediate to act)"
+        print(f"  remediation:      {mode}, {base}/api/v1/remediation", file=out)
         if fleet is not None and fleet.agents:
             first, last = fleet.agents[0], fleet.agents[-1]
             print(f"  node agents:      {len(fleet.agents)}, {first.url} .. {last.url}", file=out)
@@ -88,8 +100,12 @@ def run_demo(
         print("Ctrl-C stops everything.", file=out)
         out.flush()
 
+    client = kube_api_client(env.url)
+    controller = controller_from_mapping(
+        {"mode": "act" if remediate else "observe", "providers": ["hyperpod"]}, client
+    )
     try:
-        serve_cluster(kube_api_client(env.url), host, port, on_started=started, stop=stop)
+        serve_cluster(client, host, port, on_started=started, stop=stop, controller=controller)
     finally:
         if fleet is not None:
             fleet.close()
