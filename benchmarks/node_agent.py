@@ -37,6 +37,7 @@ from exporter.node.exposition import COUNTER, INFO, UNTYPED, encode_text  # noqa
 from exporter.node.poller import Poller  # noqa: E402
 from exporter.sim.node import SimulatedNode  # noqa: E402
 from exporter.sim.profiles import get_profile  # noqa: E402
+from healthcheck.monitor import HealthMonitor  # noqa: E402
 
 PROFILE = "p5.48xlarge"
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
@@ -115,7 +116,7 @@ def bench_poll(polls: int) -> None:
         sim_cpu.append(time.thread_time() - t0)
 
     sources.before_poll = timed_advance
-    poller = Poller("bench-node", sources)
+    poller = Poller("bench-node", sources, health=HealthMonitor())  # checks on, as deployed
     clock = [time.time()]
     poller._clock = lambda: clock[0]
     cpu: list[float] = []
