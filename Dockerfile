@@ -1,17 +1,26 @@
-# topowatch node agent and cluster service.
-# The image runs as an unprivileged user by default; the Helm chart grants the node agent only
-# what it needs (read-only host /sys and /proc, the kubelet pod-resources socket, the GPU devices).
+# syntax=docker/dockerfile:1
+# topowatch: one image for the node agent (`topowatch node`) and the cluster service
+# (`topowatch cluster`). The Helm chart (charts/topowatch) passes the subcommand and its flags.
+
+# --- build: the topowatch wheel and the wheels of its dependencies --------------------------
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
 COPY healthcheck ./healthcheck
-RUN pip install --no-cache-dir --prefix=/install .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
+# --- final: the runtime only; no compiler, no build backend, no source tree -----------------
 FROM python:3.11-slim
-COPY --from=build /install /usr/local
-RUN useradd --system --uid 65532 --no-create-home topowatch
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp
+# The wheels are bind-mounted for the install, so they never become a layer of this image.
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links=/wheels topowatch \
+    && useradd --system --uid 65532 --user-group --no-create-home --home-dir /tmp topowatch
+# Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 65532:65532
-EXPOSE 9402
+EXPOSE 9402 9403
 ENTRYPOINT ["topowatch"]
-CMD ["node", "--sysfs-root", "/host/sys", "--proc-root", "/host/proc"]
+CMD ["--help"]

@@ -243,6 +243,13 @@ def add_cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         action="store_true",
         help="let the controller act on the simulated nodes (HyperPod labels); default observe",
     )
+    demo.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=9090,
+        metavar="PORT",
+        help="run Prometheus on 127.0.0.1:PORT scraping the demo (if installed); 0 disables",
+    )
     demo.set_defaults(func=run_demo)
 
 
@@ -321,6 +328,7 @@ def run_demo(args: argparse.Namespace) -> int:
             args.duration,
             with_agents=not args.no_node_agents,
             remediate=args.remediate,
+            prometheus_port=args.prometheus_port,
         )
     except (ValueError, FaultSpecError) as e:
         print(f"topowatch demo: {e}", file=sys.stderr)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from exporter.node.exposition import GAUGE, Family
+from exporter.node.exposition import GAUGE, HISTOGRAM, Family
 from healthcheck.actions.base import ActionRequest, ActionResult, Provider
 from healthcheck.alerts import AlertSignal, ParsedAlerts
 from healthcheck.audit import Auditor, AuditRecord, node_event
@@ -41,6 +41,7 @@ from healthcheck.policy import (
 from healthcheck.state import ANNOTATION as STATE_ANNOTATION
 from healthcheck.state import Action, RemediationState, dump_state, parse_state
 
+TO_ACTION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 log = logging.getLogger(__name__)
 
 HEALTH_CONDITION = "TopowatchHealthy"
@@ -197,6 +198,11 @@ class RemediationController:
         self._last_recheck = 0.0
         self.breaker = Breaker()
         self.suppressed_repeats = 0
+        # Seconds from a failure's first sighting on the node to the provider call, per action.
+        # Kept as cumulative bucket counts, sum and count: bounded however long it runs.
+        self._to_action: dict[str, tuple[list[int], float, int]] = {
+            action: ([0] * len(TO_ACTION_BUCKETS), 0.0, 0) for action in ("reboot", "replace")
+        }
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -434,6 +440,17 @@ class RemediationController:
             )
         if not ready:
             return
+        called = self.clock()
+        with self._lock:
+            for decision, view in acts:
+                onset = view.request().onset
+                if onset is not None and decision.action in self._to_action:
+                    seconds = max(0.0, called - onset)
+                    counts, total, n = self._to_action[decision.action]
+                    for i, bound in enumerate(TO_ACTION_BUCKETS):
+                        if seconds <= bound:
+                            counts[i] += 1
+                    self._to_action[decision.action] = (counts, total + seconds, n + 1)
         results: dict[str, list[ActionResult]] = {r.node: [] for r in ready}
         for provider in self.providers:
             try:
@@ -553,7 +570,29 @@ class RemediationController:
         limit.add([], self.config.budget(gpu_nodes))
         for action_name, count in sorted(by_action.items()):
             asking.add([("action", action_name)], count)
-        return [tripped, mode, active, limit, asking, *self.auditor.families()]
+        return [
+            tripped,
+            mode,
+            active,
+            limit,
+            asking,
+            self._to_action_family(),
+            *self.auditor.families(),
+        ]
+
+    def _to_action_family(self) -> Family:
+        family = Family(
+            "topowatch_remediation_detection_to_action_seconds",
+            HISTOGRAM,
+            "Time from a failure's first sighting on the node (the finding's firstSeen, damping "
+            "included) to the provider call, by action.",
+        )
+        with self._lock:
+            observed = {a: (list(c), total, n) for a, (c, total, n) in self._to_action.items()}
+        for action, (counts, total, n) in sorted(observed.items()):
+            buckets = list(zip(TO_ACTION_BUCKETS, counts, strict=True))
+            family.add_histogram([("action", action)], buckets, total, n)
+        return family
 
 
 def _state_dict(state: RemediationState) -> dict[str, Any]:

@@ -315,8 +315,11 @@ def test_kueue_versions_served(versions: tuple[str, ...]) -> None:
             assert code == 503
             waiting = {i["kind"] for i in state["informers"] if not i["synced"]}
             assert "Workload" in waiting and "Node" not in waiting
-            _, topo = running.get("/api/v1/topology")
-            assert topo["fragmentation"][-1]["free"] == 64 - 16
+            # Pods arrive on their own informer: wait for them rather than for Nodes alone.
+            eventually(
+                lambda: running.get("/api/v1/topology")[1]["fragmentation"][-1]["free"] == 64 - 16,
+                what="the job's pods counted without Kueue",
+            )
     finally:
         running.stop()
         server.stop()

@@ -164,6 +164,8 @@ def test_demo_runs_the_whole_system_and_agents_agree_with_the_cluster(tmp_path: 
             "--fault",
             f"node={first_node}:xid=79@gpu3",
             "--remediate",
+            "--prometheus-port",
+            "0",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -93,6 +93,11 @@ def test_xid79_leads_to_the_hyperpod_replacement_label(
                 node_obj(env, sick)["metadata"]["annotations"]["topowatch.io/remediation"]
             )
             assert state["action"] == "replace" and state["provider"] == "hyperpod"
+            _, body = running.get("/metrics")
+            assert (
+                b'topowatch_remediation_detection_to_action_seconds_count{action="replace"} 1'
+                in body
+            )
         else:
             # Observe decides and says so, and touches nothing.
             decided = b'topowatch_remediation_decisions_total{verdict="skip",reason="observe",'

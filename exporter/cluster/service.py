@@ -12,13 +12,13 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from exporter.cluster import metrics, views
+from exporter.cluster import metrics, ui, views
 from exporter.cluster.informers import InformerSet
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.quota import AdvisorConfig, Recommendation, advise
@@ -67,12 +67,15 @@ class ClusterService:
         self._quota_first_sample: float | None = None
         self._quota_advice: list[Recommendation] = []
         self.informers: InformerSet | None = None
+        self._health_notes: dict[str, str] = {}  # node -> TopowatchHealthy=False note, for the UI
 
     # InformerSink
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         with self.lock:
             self.model.replace(kind, items, self.clock())
             problems = self.model.drain_problems()
+            if kind == "Node":
+                self._health_notes = _health_notes(items)
         _log_problems(problems)
         if kind == "Node" and self.controller is not None:
             now = self.clock()
@@ -83,6 +86,8 @@ class ClusterService:
         with self.lock:
             self.model.apply(kind, event_type, obj, self.clock())
             problems = self.model.drain_problems() if self.model.recent_problems else []
+            if kind == "Node":
+                self._note_health(event_type, obj)
         _log_problems(problems)
         if kind == "Node" and self.controller is not None:
             self.controller.observe_node(obj, self.clock(), deleted=event_type == "DELETED")
@@ -161,6 +166,30 @@ class ClusterService:
         with self.lock:
             return views.topology_view(self.model)
 
+    # pages for people (/ui/...): copied out under the lock, rendered outside it
+    def ui_topology(self, highlight: str = "") -> str:
+        with self.lock:
+            picture = ui.topology_picture(self.model, self._health_notes)
+        return ui.topology_page(picture, highlight)
+
+    def ui_workload(self, namespace: str, name: str) -> str | None:
+        view = self.workload(namespace, name)
+        return ui.workload_page(view) if view is not None else None
+
+    def ui_preemptions(self) -> str:
+        return ui.preemptions_page(self.preemptions(0.0))
+
+    def _note_health(self, event_type: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str):
+            return
+        note = "" if event_type == "DELETED" else ui.topowatch_unhealthy(obj)
+        if note:
+            self._health_notes[name] = note
+        else:
+            self._health_notes.pop(name, None)
+
     def sample_quota(self) -> None:
         """One step of the quota history, and fresh advice cached for the API and /metrics.
 
@@ -197,6 +226,17 @@ class ClusterService:
                 for s in informers
             ],
         }
+
+
+def _health_notes(nodes: Iterable[dict[str, Any]]) -> dict[str, str]:
+    notes: dict[str, str] = {}
+    for node in nodes:
+        meta = node.get("metadata") if isinstance(node, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        note = ui.topowatch_unhealthy(node) if isinstance(name, str) else ""
+        if isinstance(name, str) and note:
+            notes[name] = note
+    return notes
 
 
 def _log_problems(problems: Iterable[str]) -> None:
@@ -272,6 +312,7 @@ def build_app(service: ClusterService) -> web.Application:
         return web.json_response(await off_loop(service.quota_recommendations))
 
     app = web.Application()
+    add_ui_routes(app, service, off_loop)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -282,6 +323,38 @@ def build_app(service: ClusterService) -> web.Application:
     app.router.add_get("/api/v1/quota/recommendations", quota)
     add_remediation_routes(app, service)
     return app
+
+
+def add_ui_routes(
+    app: web.Application,
+    service: ClusterService,
+    off_loop: Callable[..., Awaitable[Any]],
+) -> None:
+    """HTML pages for people; the same model views as the JSON API, rendered off the loop."""
+
+    def html(body: str, status: int = 200) -> web.Response:
+        return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
+
+    async def index(_: web.Request) -> web.Response:
+        raise web.HTTPFound("/ui/topology")
+
+    async def topology(request: web.Request) -> web.Response:
+        return html(await off_loop(service.ui_topology, request.query.get("workload", "")))
+
+    async def workload(request: web.Request) -> web.Response:
+        ns, name = request.match_info["namespace"], request.match_info["name"]
+        page = await off_loop(service.ui_workload, ns, name)
+        if page is None:
+            return html(ui.not_found_page(f"workload {ns}/{name}"), status=404)
+        return html(page)
+
+    async def preemptions(_: web.Request) -> web.Response:
+        return html(await off_loop(service.ui_preemptions))
+
+    app.router.add_get("/ui", index)
+    app.router.add_get("/ui/topology", topology)
+    app.router.add_get("/ui/workloads/{namespace}/{name}", workload)
+    app.router.add_get("/ui/preemptions", preemptions)
 
 
 def add_remediation_routes(app: web.Application, service: ClusterService) -> None:

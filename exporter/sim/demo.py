@@ -17,6 +17,7 @@ from typing import TextIO
 from exporter.cluster.run import controller_from_mapping, kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService
 from exporter.cluster.views import status_of
+from exporter.sim.demo_prometheus import DEFAULT_PORT, DemoPrometheus, start_prometheus
 from exporter.sim.environment import NodeAgentFleet, SimulatedEnvironment
 from exporter.sim.faults import Fault
 
@@ -48,9 +49,11 @@ def run_demo(
     with_agents: bool = True,
     remediate: bool = False,
     out: TextIO = sys.stdout,
+    prometheus_port: int = DEFAULT_PORT,
 ) -> int:
     """`remediate` lets the controller act (HyperPod labels on the simulated nodes); without
-    it the controller only decides and audits, as `topowatch cluster` does by default."""
+    it the controller only decides and audits, as `topowatch cluster` does by default.
+    `prometheus_port` (0: none) runs a Prometheus scraping everything, for the dashboards."""
     env = SimulatedEnvironment(seed=seed).start()
     fleet = None
     try:
@@ -70,6 +73,7 @@ def run_demo(
         env.stop()
         raise
     stop = asyncio.Event()
+    prometheus: list[DemoPrometheus] = []
 
     def started(bound: int, service: ClusterService) -> None:
         base = f"http://{host}:{bound}"
@@ -85,6 +89,13 @@ def run_demo(
         if fleet is not None and fleet.agents:
             first, last = fleet.agents[0], fleet.agents[-1]
             print(f"  node agents:      {len(fleet.agents)}, {first.url} .. {last.url}", file=out)
+        if prometheus_port:
+            scrape_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+            agents = fleet.agents if fleet is not None else []
+            node_targets = [f"{scrape_host}:{a.server.port}" for a in agents]
+            running = start_prometheus(prometheus_port, f"{scrape_host}:{bound}", node_targets, out)
+            if running is not None:
+                prometheus.append(running)
         threading.Thread(target=announce_example, args=(service, base), daemon=True).start()
         if duration is not None:
             loop = asyncio.get_running_loop()
@@ -107,6 +118,8 @@ def run_demo(
     try:
         serve_cluster(client, host, port, on_started=started, stop=stop, controller=controller)
     finally:
+        for running in prometheus:
+            running.stop()
         if fleet is not None:
             fleet.close()
         env.stop()

@@ -1,4 +1,4 @@
-"""`topowatch topology from-ec2` and `topowatch topology check`: argument wiring and exit codes.
+"""`topowatch topology from-ec2|check|live`: argument wiring and exit codes.
 
 Exit codes: 0 done; 1 the output is not usable as is (topology/block rule violations) or, for
 `check`, topology.conf has drifted; 2 the input could not be used (bad file, bad flags, AWS
@@ -8,10 +8,13 @@ refused), always with a one-line reason on stderr and never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from exporter.topology.drift import SlurmTopologyError, compare, parse_topology_conf
 from exporter.topology.ec2 import (
@@ -27,7 +30,14 @@ from exporter.topology.writers import FORMATS, render
 if TYPE_CHECKING:  # boto3 adds ~24 MiB of RSS: only the `topology` commands load it
     from exporter.topology.aws import ClusterNode
 
-__all__ = ["add_topology_parser", "load_topology", "run_check", "run_from_ec2"]
+__all__ = [
+    "add_topology_parser",
+    "live_mermaid",
+    "load_topology",
+    "run_check",
+    "run_from_ec2",
+    "run_live",
+]
 
 
 def _split_list(value: str) -> list[str]:
@@ -75,7 +85,7 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
 def add_topology_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     topology = sub.add_parser(
         "topology",
-        help="network topology from EC2: Slurm topology.conf, Kubernetes labels, maps",
+        help="network topology: from EC2 (Slurm, labels, maps) or the live cluster service",
         description="Build or check topology files from EC2 DescribeInstanceTopology.",
     )
     actions = topology.add_subparsers(dest="topology_command", required=True)
@@ -102,6 +112,15 @@ def add_topology_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     check.add_argument("--slurm", type=Path, required=True, metavar="topology.conf")
     _add_source_arguments(check)
     check.set_defaults(func=run_check)
+    live = actions.add_parser(
+        "live",
+        help="the live cluster's topology, with free GPUs, from a running cluster service",
+        description="Read /api/v1/topology from `topowatch cluster` and print it.",
+    )
+    live.add_argument("--server", required=True, metavar="URL", help="cluster service base URL")
+    live.add_argument("--format", choices=("mermaid", "json"), default="mermaid")
+    live.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    live.set_defaults(func=run_live)
 
 
 def load_topology(args: argparse.Namespace) -> Topology:
@@ -179,3 +198,48 @@ def run_check(args: argparse.Namespace) -> int:
         return 0 if drift.clean else 1
 
     return _guarded("check", body)
+
+
+def run_live(args: argparse.Namespace) -> int:
+    url = args.server.rstrip("/") + "/api/v1/topology"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as response:
+            view = json.loads(response.read())
+        if not isinstance(view, dict) or not isinstance(view.get("tree"), list):
+            raise ValueError("the answer has no topology tree")
+    except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
+        print(f"topowatch topology live: cannot read {url}: {e}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        sys.stdout.write(json.dumps(view, indent=2) + "\n")
+    else:
+        sys.stdout.write(live_mermaid(view))
+    return 0
+
+
+def live_mermaid(view: dict[str, Any]) -> str:
+    """`flowchart TD` of the service's tree: each layer's domains down to nodes, free GPUs on
+    every box; nodes that take no new pods are drawn in red. Ids are generated, labels real."""
+    lines = ["flowchart TD", "  classDef unschedulable fill:#fee2e2,stroke:#dc2626"]
+    count = 0
+
+    def walk(entry: dict[str, Any], parent: str | None) -> None:
+        nonlocal count
+        ident = f"d{count}"
+        count += 1
+        level, domain = str(entry.get("level", "")), str(entry.get("domain", ""))
+        free, allocatable = entry.get("free", 0), entry.get("allocatable", 0)
+        title = domain if level == "node" else f"{level}<br/>{domain}"
+        label = f"{title}<br/>{free}/{allocatable} GPUs free".replace('"', "#quot;")
+        style = ":::unschedulable" if level == "node" and entry.get("unschedulable") else ""
+        lines.append(f'  {ident}["{label}"]{style}')
+        if parent is not None:
+            lines.append(f"  {parent} --> {ident}")
+        for child in entry.get("children") or []:
+            if isinstance(child, dict):
+                walk(child, ident)
+
+    for root in view.get("tree") or []:
+        if isinstance(root, dict):
+            walk(root, None)
+    return "\n".join(lines) + "\n"

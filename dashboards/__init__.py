@@ -1,0 +1,1 @@
+"""Grafana dashboards as code: `python dashboards/generate.py` writes dashboards/*.json."""

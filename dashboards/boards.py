@@ -1,0 +1,925 @@
+"""The six topowatch dashboards. Each answers one question (README, "## Dashboards"); every
+query reads only series topowatch exposes (tests/test_dashboards.py checks that) plus
+Prometheus' own `up`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from grafana_foundation_sdk.builders import dashboard as db
+
+from dashboards.kit import (
+    CLUSTER,
+    dashboard,
+    grid,
+    link_to,
+    query,
+    query_variable,
+    series,
+    single,
+)
+
+C = CLUSTER
+RATE = "$__rate_interval"
+# A GPU a finding names: component "gpu3" or "gpu3:link0" -> gpu="3".
+FINDING_GPU = (
+    f'label_replace(topowatch_health_finding{{{C}, severity=~"warning|critical|fatal"}} == 1,'
+    ' "gpu", "$1", "component", "gpu([0-9]+).*")'
+)
+DEGRADED_GPUS = f"count(count by (node, gpu) ({FINDING_GPU}))"
+TEAM_OF_NAMESPACE = '"team", "$1", "namespace", "hyperpod-ns-(.+)"'
+TO_NODE = link_to(
+    "node", "Node hardware for ${__data.fields.node}", "var-node=${__data.fields.node}"
+)
+
+
+def fleet() -> db.Dashboard:
+    to_node = link_to(
+        "node", "Node hardware for ${__data.fields.node}", "var-node=${__data.fields.node}"
+    )
+    return (
+        dashboard(
+            "fleet",
+            "topowatch / Fleet",
+            "Is the fleet healthy, who uses it, and which nodes need a reboot or replacement?",
+            ["fleet"],
+        )
+        .with_variable(
+            query_variable("team", f"label_values(topowatch_team_gpus{{{C}}}, team)", multi=True)
+        )
+        .link(link_to("health", "Health and remediation"))
+        .with_row(db.Row("GPUs"))
+        .with_panel(
+            single(
+                "GPUs healthy",
+                "GPUs the node agents enumerate, less those named by an active warning or worse.",
+                f"sum(topowatch_gpus{{{C}}}) - ({DEGRADED_GPUS} or vector(0))",
+            )
+        )
+        .with_panel(
+            single(
+                "GPUs degraded",
+                "GPUs with an active health finding of warning severity or worse.",
+                f"{DEGRADED_GPUS} or vector(0)",
+            )
+        )
+        .with_panel(
+            single(
+                "GPUs on nodes asking for action",
+                "GPUs on nodes whose agent reports an actionable finding (reboot or replace).",
+                f"sum(topowatch_gpus{{{C}}}"
+                f" * on (node) (1 - topowatch_health_node_healthy{{{C}}}))",
+            )
+        )
+        .with_panel(
+            single(
+                "Nodes in remediation",
+                "Nodes the remediation controller is acting on right now.",
+                f"sum(topowatch_remediation_nodes_active{{{C}}})",
+            )
+        )
+        .with_panel(
+            single(
+                "Nodes pending reboot",
+                "Nodes whose findings ask for a reboot.",
+                f'sum(topowatch_remediation_nodes_requesting{{{C}, action="reboot"}})',
+            )
+        )
+        .with_panel(
+            single(
+                "Nodes pending replacement",
+                "Nodes whose findings ask for a replacement.",
+                f'sum(topowatch_remediation_nodes_requesting{{{C}, action="replace"}})',
+            )
+        )
+        .with_row(db.Row("Use by team"))
+        .with_panel(
+            series(
+                "GPU utilization by team",
+                "Mean GPU utilization of the GPUs each team's pods hold (team from the"
+                " hyperpod-ns-<team> namespace).",
+                "percentunit",
+                query(
+                    "avg by (team) (label_replace(topowatch_gpu_utilization_ratio"
+                    f'{{{C}, namespace=~"hyperpod-ns-.+"}}, {TEAM_OF_NAMESPACE})'
+                    ' and on (team) topowatch_team_gpus{state="nominal", team=~"$team"})',
+                    "{{team}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "GPUs used by team",
+                "GPUs each team's admitted workloads hold (Kueue quota usage).",
+                "short",
+                query(
+                    f'sum by (team) (topowatch_team_gpus{{{C}, state="used", team=~"$team"}})',
+                    "{{team}}",
+                ),
+            )
+        )
+        .with_row(db.Row("Fabric errors"))
+        .with_panel(
+            series(
+                "NVLink error rate by node",
+                "CRC flit and replay errors per second, summed over a node's links.",
+                "cps",
+                query(
+                    f"sum by (node) (rate(topowatch_nvlink_crc_flit_errors_total{{{C}}}[{RATE}]))",
+                    "{{node}} crc",
+                ),
+                query(
+                    f"sum by (node) (rate(topowatch_nvlink_replay_errors_total{{{C}}}[{RATE}]))",
+                    "{{node}} replay",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "EFA error rate by node",
+                "Retransmitted packets, receive drops and unresponsive-remote events per second.",
+                "cps",
+                query(
+                    f"sum by (node) (rate(topowatch_efa_retrans_pkts_total{{{C}}}[{RATE}]))",
+                    "{{node}} retrans",
+                ),
+                query(
+                    f"sum by (node) (rate(topowatch_efa_rx_drops_total{{{C}}}[{RATE}]))",
+                    "{{node}} drops",
+                ),
+                query(
+                    "sum by (node) (rate(topowatch_efa_unresponsive_remote_events_total"
+                    f"{{{C}}}[{RATE}]))",
+                    "{{node}} unresponsive",
+                ),
+            )
+        )
+        .with_row(db.Row("Nodes and exporters"))
+        .with_panel(
+            grid(
+                "Nodes with actionable findings",
+                "Each row links to the node's hardware dashboard.",
+                query(
+                    "max by (node, check, component, action) "
+                    f"(topowatch_health_finding_actionable{{{C}}} == 1)",
+                    instant=True,
+                ),
+                links=[to_node],
+            )
+        )
+        .with_panel(
+            grid(
+                "Exporters up",
+                "Prometheus' `up` for every topowatch target, and seconds since each node"
+                " agent's last successful poll.",
+                query(f'up{{{C}, job=~".*topowatch.*"}}', instant=True),
+                query(
+                    "time() - max by (node) "
+                    f"(topowatch_exporter_last_successful_poll_timestamp_seconds{{{C}}})",
+                    instant=True,
+                ),
+            )
+        )
+    )
+
+
+def node_hardware() -> db.Dashboard:
+    n = f'{C}, node="$node"'
+    g = f'{n}, gpu=~"$gpu"'
+    same_gpu = link_to(
+        "node", "Only GPU ${__data.fields.gpu}", "var-node=$node&var-gpu=${__data.fields.gpu}"
+    )
+    return (
+        dashboard(
+            "node",
+            "topowatch / Node hardware",
+            "What is wrong with this node's GPUs, NVLink, EFA and NUMA placement?",
+            ["node", "gpu"],
+        )
+        .with_variable(
+            query_variable(
+                "namespace",
+                f"label_values(topowatch_gpu_up{{{C}}}, namespace)",
+                label="pods of namespace",
+            )
+        )
+        .with_variable(
+            query_variable(
+                "node",
+                f'label_values(topowatch_gpu_up{{{C}, namespace=~"$namespace"}}, node)',
+                include_all=False,
+            )
+        )
+        .with_variable(
+            query_variable("gpu", f"label_values(topowatch_gpu_up{{{n}}}, gpu)", multi=True)
+        )
+        .link(link_to("fleet", "Fleet"))
+        .link(link_to("health", "Health of this node", "var-node=$node"))
+        .with_row(db.Row("GPUs"))
+        .with_panel(
+            series(
+                "GPU utilization",
+                "Share of time a kernel ran.",
+                "percentunit",
+                query(f"topowatch_gpu_utilization_ratio{{{g}}}", "gpu{{gpu}}"),
+                width=8,
+            )
+        )
+        .with_panel(
+            series(
+                "GPU memory used",
+                "Framebuffer memory in use.",
+                "bytes",
+                query(f"topowatch_gpu_memory_used_bytes{{{g}}}", "gpu{{gpu}}"),
+                width=8,
+            )
+        )
+        .with_panel(
+            series(
+                "Power",
+                "Board power draw.",
+                "watt",
+                query(f"topowatch_gpu_power_watts{{{g}}}", "gpu{{gpu}}"),
+                width=8,
+            )
+        )
+        .with_panel(
+            series(
+                "Temperature",
+                "GPU and HBM temperature.",
+                "celsius",
+                query(f"topowatch_gpu_temperature_celsius{{{g}}}", "gpu{{gpu}}"),
+                query(f"topowatch_gpu_memory_temperature_celsius{{{g}}}", "gpu{{gpu}} memory"),
+                width=8,
+            )
+        )
+        .with_panel(
+            series(
+                "Clocks",
+                "SM and memory clocks; an SM clock below its peak under load means throttling.",
+                "hertz",
+                query(f"topowatch_gpu_sm_clock_hertz{{{g}}}", "gpu{{gpu}} sm"),
+                query(f"topowatch_gpu_memory_clock_hertz{{{g}}}", "gpu{{gpu}} memory"),
+                width=8,
+            )
+        )
+        .with_panel(
+            grid(
+                "Throttle reasons",
+                "Clock event reasons active now (thermal, power, sync boost...).",
+                query(
+                    f"max by (gpu, reason) (topowatch_gpu_clock_event_reason{{{g}}} == 1)",
+                    instant=True,
+                ),
+                width=8,
+            )
+        )
+        .with_panel(
+            grid(
+                "ECC and row remapping",
+                "Uncorrected ECC errors, rows remapped, a remap pending a reset, a remap failure.",
+                query(
+                    "sum by (gpu) (topowatch_gpu_ecc_errors_total"
+                    f'{{{g}, type="uncorrected", scope="volatile"}})',
+                    instant=True,
+                ),
+                query(f"sum by (gpu) (topowatch_gpu_remapped_rows_total{{{g}}})", instant=True),
+                query(f"max by (gpu) (topowatch_gpu_remapped_rows_pending{{{g}}})", instant=True),
+                query(f"max by (gpu) (topowatch_gpu_remapped_rows_failure{{{g}}})", instant=True),
+                links=[same_gpu],
+            )
+        )
+        .with_panel(
+            grid(
+                "XIDs",
+                "XID errors since the agent started, with the catalogue's name and action.",
+                query(
+                    f"sum by (gpu, xid, name, action) (topowatch_xid_errors_total{{{g}}})",
+                    instant=True,
+                ),
+            )
+        )
+        .with_row(db.Row("NVLink"))
+        .with_panel(
+            series(
+                "NVLink throughput",
+                "Bytes per second per GPU, all links.",
+                "Bps",
+                query(
+                    f"sum by (gpu) (rate(topowatch_nvlink_tx_bytes_total{{{g}}}[{RATE}]))",
+                    "gpu{{gpu}} tx",
+                ),
+                query(
+                    f"sum by (gpu) (rate(topowatch_nvlink_rx_bytes_total{{{g}}}[{RATE}]))",
+                    "gpu{{gpu}} rx",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "NVLink errors",
+                "CRC and replay errors per second on links that have any; recoveries per GPU.",
+                "cps",
+                query(
+                    f"rate(topowatch_nvlink_crc_flit_errors_total{{{g}}}[{RATE}]) > 0",
+                    "gpu{{gpu}} link{{link}} crc flit",
+                ),
+                query(
+                    f"rate(topowatch_nvlink_crc_data_errors_total{{{g}}}[{RATE}]) > 0",
+                    "gpu{{gpu}} link{{link}} crc data",
+                ),
+                query(
+                    f"rate(topowatch_nvlink_replay_errors_total{{{g}}}[{RATE}]) > 0",
+                    "gpu{{gpu}} link{{link}} replay",
+                ),
+                query(
+                    f"sum by (gpu) (rate(topowatch_nvlink_recovery_errors_total{{{g}}}[{RATE}]))",
+                    "gpu{{gpu}} recovery (all links)",
+                ),
+            )
+        )
+        .with_panel(
+            grid(
+                "NVLinks down",
+                "Links NVML reports inactive.",
+                query(f"topowatch_nvlink_up{{{g}}} == 0", instant=True),
+            )
+        )
+        .with_row(db.Row("EFA"))
+        .with_panel(
+            series(
+                "EFA traffic",
+                "Bytes per second per device.",
+                "Bps",
+                query(f"rate(topowatch_efa_tx_bytes_total{{{n}}}[{RATE}])", "{{device}} tx"),
+                query(f"rate(topowatch_efa_rx_bytes_total{{{n}}}[{RATE}])", "{{device}} rx"),
+            )
+        )
+        .with_panel(
+            series(
+                "RDMA",
+                "RDMA read and write bytes per second per device.",
+                "Bps",
+                query(
+                    f"rate(topowatch_efa_rdma_read_bytes_total{{{n}}}[{RATE}])",
+                    "{{device}} read",
+                ),
+                query(
+                    f"rate(topowatch_efa_rdma_write_bytes_total{{{n}}}[{RATE}])",
+                    "{{device}} write",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Retransmits and drops",
+                "Retransmitted packets, retransmit timeouts and receive drops per second.",
+                "pps",
+                query(
+                    f"rate(topowatch_efa_retrans_pkts_total{{{n}}}[{RATE}])",
+                    "{{device}} retrans",
+                ),
+                query(
+                    f"rate(topowatch_efa_retrans_timeout_events_total{{{n}}}[{RATE}])",
+                    "{{device}} retrans timeout",
+                ),
+                query(f"rate(topowatch_efa_rx_drops_total{{{n}}}[{RATE}])", "{{device}} drops"),
+            )
+        )
+        .with_panel(
+            series(
+                "Unresponsive and impaired remotes",
+                "Events per second: a peer stopped answering, or a connection degraded.",
+                "cps",
+                query(
+                    f"rate(topowatch_efa_unresponsive_remote_events_total{{{n}}}[{RATE}])",
+                    "{{device}} unresponsive",
+                ),
+                query(
+                    f"rate(topowatch_efa_impaired_remote_conn_events_total{{{n}}}[{RATE}])",
+                    "{{device}} impaired",
+                ),
+            )
+        )
+        .with_panel(
+            single(
+                "EFA devices present",
+                "EFA devices in sysfs; fewer than the instance type has means one is missing.",
+                f"sum(topowatch_efa_devices{{{n}}})",
+            )
+        )
+        .with_panel(
+            single(
+                "EFA ports down",
+                "Ports not ACTIVE.",
+                f"count(topowatch_efa_port_up{{{n}}} == 0) or vector(0)",
+            )
+        )
+        .with_row(db.Row("NUMA and affinity"))
+        .with_panel(
+            series(
+                "NUMA memory used",
+                "Memory in use per NUMA node.",
+                "bytes",
+                query(f'topowatch_numa_memory_bytes{{{n}, field="MemUsed"}}', "numa{{numa_node}}"),
+            )
+        )
+        .with_panel(
+            series(
+                "NUMA misses",
+                "Pages per second allocated off the preferred NUMA node.",
+                "short",
+                query(
+                    f'rate(topowatch_numa_pages_total{{{n}, event="numa_miss"}}[{RATE}])',
+                    "numa{{numa_node}}",
+                ),
+            )
+        )
+        .with_panel(
+            grid(
+                "GPU, EFA and NUMA affinity",
+                "Each GPU's NUMA node and its nearest EFA devices; pick a row to see one GPU.",
+                query(f"max by (gpu, numa_node) (topowatch_gpu_numa_info{{{g}}})", instant=True),
+                query(f"count by (gpu) (topowatch_gpu_nearest_efa_info{{{g}}})", instant=True),
+                links=[same_gpu],
+                width=12,
+            )
+        )
+        .with_panel(
+            grid(
+                "Misplaced processes",
+                "GPU processes allowed to run on CPUs outside the GPU's NUMA node.",
+                query(
+                    f"max by (gpu, namespace, pod) (topowatch_gpu_processes_off_numa{{{g}}} > 0)",
+                    instant=True,
+                ),
+            )
+        )
+    )
+
+
+def topology() -> db.Dashboard:
+    w = f'{C}, workload=~"$workload"'
+    to_nodes = link_to(
+        "node",
+        "Nodes with pods of ${__data.fields.namespace}",
+        "var-namespace=${__data.fields.namespace}",
+    )
+    to_queue = link_to(
+        "governance",
+        "Queue ${__data.fields.cluster_queue}",
+        "var-cluster_queue=${__data.fields.cluster_queue}",
+    )
+    return (
+        dashboard(
+            "topology",
+            "topowatch / Topology and placement",
+            "Where is capacity free at each network layer, and did workloads land where they"
+            " asked?",
+            ["topology", "kueue"],
+        )
+        .with_variable(
+            query_variable(
+                "level",
+                f"label_values(topowatch_cluster_domain_gpus{{{C}}}, level)",
+                include_all=False,
+            )
+        )
+        .with_variable(
+            query_variable(
+                "workload", f"label_values(topowatch_workload_gpus{{{C}}}, workload)", multi=True
+            )
+        )
+        .link(link_to("governance", "Task governance"))
+        .with_row(db.Row("Capacity by domain"))
+        .with_panel(
+            series(
+                "Free GPUs per domain at $level",
+                "Free GPUs on schedulable nodes in each domain of the chosen layer.",
+                "short",
+                query(
+                    "sum by (domain) "
+                    f'(topowatch_cluster_domain_gpus{{{C}, level="$level", state="free"}})',
+                    "{{domain}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Used GPUs per domain at $level",
+                "GPUs held by pods in each domain of the chosen layer.",
+                "short",
+                query(
+                    "sum by (domain) "
+                    f'(topowatch_cluster_domain_gpus{{{C}, level="$level", state="used"}})',
+                    "{{domain}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Fragmentation by layer",
+                "1 - largest free block / free GPUs: 0 when every free GPU sits in one domain.",
+                "percentunit",
+                query(f"topowatch_cluster_fragmentation_ratio{{{C}}}", "{{level}}"),
+            )
+        )
+        .with_panel(
+            series(
+                "Largest free block vs free GPUs",
+                "The biggest job one domain of each layer could take now, against all free GPUs.",
+                "short",
+                query(f"topowatch_cluster_largest_free_block_gpus{{{C}}}", "{{level}} largest"),
+                query(f"topowatch_cluster_free_gpus{{{C}}}", "{{level}} free"),
+            )
+        )
+        .with_row(db.Row("Locality of running workloads"))
+        .with_panel(
+            grid(
+                "Workload locality",
+                "Per live workload: GPUs, domains spanned at $level, UltraServers spanned, and"
+                " the worst hop distance between two of its nodes.",
+                query(
+                    f"max by (namespace, workload, cluster_queue) (topowatch_workload_gpus{{{w}}})",
+                    instant=True,
+                ),
+                query(
+                    "max by (namespace, workload, cluster_queue) "
+                    f'(topowatch_workload_domains{{{w}, level="$level"}})',
+                    instant=True,
+                ),
+                query(
+                    "max by (namespace, workload, cluster_queue) "
+                    f"(topowatch_workload_worst_pair_hops{{{w}}})",
+                    instant=True,
+                ),
+                links=[to_nodes, to_queue],
+                width=24,
+            )
+        )
+        .with_panel(
+            grid(
+                "Workloads whose topology request was not met",
+                "Live workloads whose pods span more than one domain of the level they asked for.",
+                query(
+                    "max by (namespace, workload, cluster_queue, mode, level) "
+                    f"(topowatch_workload_topology_satisfied{{{w}}} == 0)",
+                    instant=True,
+                ),
+                links=[to_nodes],
+            )
+        )
+        .with_panel(
+            series(
+                "Workloads pending on topology",
+                "Workloads that fit the quota but find no domain with room for their shape.",
+                "short",
+                query(
+                    "sum by (cluster_queue) "
+                    f'(topowatch_pending_workloads{{{C}, cause="topology"}})',
+                    "{{cluster_queue}}",
+                ),
+            )
+        )
+    )
+
+
+def governance() -> db.Dashboard:
+    q = f'{C}, cluster_queue=~"$cluster_queue"'
+    to_workload = link_to(
+        "topology",
+        "Placement of ${__data.fields.workload}",
+        "var-workload=${__data.fields.workload}",
+    )
+    return (
+        dashboard(
+            "governance",
+            "topowatch / Task governance",
+            "Why are jobs waiting, who preempted whom, and which teams borrow or lend?",
+            ["kueue", "governance"],
+        )
+        .with_variable(
+            query_variable(
+                "cluster_queue",
+                f"label_values(topowatch_team_gpus{{{C}}}, cluster_queue)",
+                label="team queue",
+                multi=True,
+            )
+        )
+        .link(link_to("topology", "Topology and placement"))
+        .link(link_to("quota", "Quota planning"))
+        .with_row(db.Row("Admission"))
+        .with_panel(
+            series(
+                "Admission wait p90 by queue and topology mode",
+                "90th percentile of the time from queueing to admission, over the rate window.",
+                "s",
+                query(
+                    "histogram_quantile(0.9, sum by (le, cluster_queue, topology_mode) "
+                    f"(rate(topowatch_admission_wait_seconds_bucket{{{q}}}[{RATE}])))",
+                    "{{cluster_queue}} {{topology_mode}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Mean admission wait by queue and topology mode",
+                "Mean wait of every admission the service has seen.",
+                "s",
+                query(
+                    "sum by (cluster_queue, topology_mode) "
+                    f"(topowatch_admission_wait_seconds_sum{{{q}}})"
+                    " / sum by (cluster_queue, topology_mode) "
+                    f"(topowatch_admission_wait_seconds_count{{{q}}})",
+                    "{{cluster_queue}} {{topology_mode}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Pending workloads by cause",
+                "Workloads waiting, by what blocks them: quota, topology, or something else.",
+                "short",
+                query(
+                    f"sum by (cluster_queue, cause) (topowatch_pending_workloads{{{q}}})",
+                    "{{cluster_queue}} {{cause}}",
+                ),
+            )
+        )
+        .with_row(db.Row("Preemptions"))
+        .with_panel(
+            grid(
+                "Preemption ledger",
+                "Preemptions in the time range by victim queue, preempting queue, Kueue reason"
+                " and cause. Per-workload pairs: the cluster service's /api/v1/preemptions.",
+                query(
+                    "sum by (cluster_queue, preempting_cluster_queue, reason, cause) "
+                    "(increase(topowatch_preemptions_total"
+                    f'{{{C}, preempting_cluster_queue=~"$cluster_queue"}}[$__range]))',
+                    instant=True,
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Preemptions by reason",
+                "Preemptions per second by Kueue reason and cause.",
+                "ops",
+                query(
+                    "sum by (reason, cause) (rate(topowatch_preemptions_total"
+                    f'{{{C}, preempting_cluster_queue=~"$cluster_queue"}}[{RATE}]))',
+                    "{{reason}} {{cause}}",
+                ),
+            )
+        )
+        .with_row(db.Row("Borrowing and lending"))
+        .with_panel(
+            series(
+                "Borrowed and lent GPUs per team",
+                "GPUs a team borrows from the cohort above its nominal quota, and lends to it.",
+                "short",
+                query(
+                    f'sum by (team, state) (topowatch_team_gpus{{{q}, state=~"borrowed|lent"}})',
+                    "{{team}} {{state}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Nominal quota vs used per team",
+                "A team above its nominal line is borrowing.",
+                "short",
+                query(
+                    f'sum by (team, state) (topowatch_team_gpus{{{q}, state=~"nominal|used"}})',
+                    "{{team}} {{state}}",
+                ),
+            )
+        )
+        .with_panel(
+            grid(
+                "Live workloads",
+                "GPUs per admitted workload; each row links to its placement.",
+                query(
+                    f"max by (namespace, workload, cluster_queue) (topowatch_workload_gpus{{{q}}})",
+                    instant=True,
+                ),
+                links=[to_workload],
+                width=24,
+            )
+        )
+    )
+
+
+def health() -> db.Dashboard:
+    n = f'{C}, node=~"$node"'
+    to_node = link_to(
+        "node", "Node hardware for ${__data.fields.node}", "var-node=${__data.fields.node}"
+    )
+    return (
+        dashboard(
+            "health",
+            "topowatch / Health and remediation",
+            "Which checks fail, what did remediation decide and do, and is it still allowed to?",
+            ["health", "remediation"],
+        )
+        .with_variable(
+            query_variable(
+                "node", f"label_values(topowatch_health_node_healthy{{{C}}}, node)", multi=True
+            )
+        )
+        .link(link_to("fleet", "Fleet"))
+        .with_row(db.Row("Remediation state"))
+        .with_panel(
+            single(
+                "Breaker tripped",
+                "1 while the circuit breaker stops all remediation; an admin must reset it.",
+                f"max(topowatch_remediation_breaker_tripped{{{C}}})",
+            )
+        )
+        .with_panel(
+            single(
+                "Budget left",
+                "Nodes that may still enter remediation now.",
+                f"sum(topowatch_remediation_budget_nodes{{{C}}})"
+                f" - sum(topowatch_remediation_nodes_active{{{C}}})",
+            )
+        )
+        .with_panel(
+            single(
+                "Nodes in remediation",
+                "Actions started and not yet confirmed or timed out.",
+                f"sum(topowatch_remediation_nodes_active{{{C}}})",
+            )
+        )
+        .with_panel(
+            grid(
+                "Mode",
+                "observe decides and audits only; act carries decisions out.",
+                query(f"max by (mode) (topowatch_remediation_mode{{{C}}} == 1)", instant=True),
+                width=4,
+            )
+        )
+        .with_panel(
+            single(
+                "Nodes asking for action",
+                "Nodes whose findings ask for a reboot or replacement.",
+                f"sum(topowatch_remediation_nodes_requesting{{{C}}})",
+            )
+        )
+        .with_panel(
+            single(
+                "Unhealthy nodes",
+                "Nodes with an actionable finding.",
+                f"count(topowatch_health_node_healthy{{{n}}} == 0) or vector(0)",
+            )
+        )
+        .with_row(db.Row("Failing checks"))
+        .with_panel(
+            grid(
+                "Active findings",
+                "Every active finding; rows link to the node's hardware.",
+                query(
+                    "max by (node, check, component, severity, action) "
+                    f"(topowatch_health_finding{{{n}}} == 1)",
+                    instant=True,
+                ),
+                links=[to_node],
+                width=24,
+            )
+        )
+        .with_panel(
+            series(
+                "Failing checks by severity",
+                "Active findings over time.",
+                "short",
+                query(
+                    f"count by (check, severity) (topowatch_health_finding{{{n}}} == 1)",
+                    "{{check}} {{severity}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Check errors",
+                "Health checks that could not run (a check crashing is not a finding).",
+                "short",
+                query(
+                    "sum by (check) "
+                    f"(increase(topowatch_health_check_errors_total{{{n}}}[{RATE}]))",
+                    "{{check}}",
+                ),
+            )
+        )
+        .with_row(db.Row("Decisions and actions"))
+        .with_panel(
+            grid(
+                "Decisions",
+                "Decisions and provider outcomes in the time range, by verdict, reason, action.",
+                query(
+                    "sum by (verdict, reason, action) "
+                    f"(increase(topowatch_remediation_decisions_total{{{C}}}[$__range]))",
+                    instant=True,
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Actions",
+                "Actions started (act) and provider outcomes (succeeded, failed) per second.",
+                "ops",
+                query(
+                    "sum by (verdict, action) (rate(topowatch_remediation_decisions_total"
+                    f'{{{C}, verdict=~"act|succeeded|failed"}}[{RATE}]))',
+                    "{{verdict}} {{action}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Detection to action (p50, p99)",
+                "From a failure's first sighting on the node (damping included) to the provider "
+                "call, by action.",
+                "s",
+                query(
+                    "histogram_quantile(0.5, sum by (le, action) (rate("
+                    f"topowatch_remediation_detection_to_action_seconds_bucket{{{C}}}[$__range])))",
+                    "p50 {{action}}",
+                ),
+                query(
+                    "histogram_quantile(0.99, sum by (le, action) (rate("
+                    f"topowatch_remediation_detection_to_action_seconds_bucket{{{C}}}[$__range])))",
+                    "p99 {{action}}",
+                ),
+            )
+        )
+    )
+
+
+def quota() -> db.Dashboard:
+    t = f'{C}, team=~"$team"'
+    to_queue = link_to(
+        "governance",
+        "Queue ${__data.fields.cluster_queue}",
+        "var-cluster_queue=${__data.fields.cluster_queue}",
+    )
+    return (
+        dashboard(
+            "quota",
+            "topowatch / Quota planning",
+            "What should each team's quota be, and why (from the quota advisor)?",
+            ["quota", "kueue"],
+        )
+        .with_variable(
+            query_variable("team", f"label_values(topowatch_team_gpus{{{C}}}, team)", multi=True)
+        )
+        .link(link_to("governance", "Task governance"))
+        .with_panel(
+            grid(
+                "Recommended vs current",
+                "Per team and quota field: the advisor's recommendation with its reason, and"
+                " the value in force.",
+                query(
+                    "max by (cluster_queue, team, kind, reason) "
+                    f"(topowatch_quota_recommended_gpus{{{t}}})",
+                    instant=True,
+                ),
+                query(
+                    f"max by (cluster_queue, team, kind) (topowatch_quota_current_gpus{{{t}}})",
+                    instant=True,
+                ),
+                links=[to_queue],
+                width=24,
+            )
+        )
+        .with_panel(
+            series(
+                "Recommended change",
+                "Recommended minus current GPUs per team and field: positive means raise.",
+                "short",
+                query(
+                    f"sum by (team, kind) (topowatch_quota_recommended_gpus{{{t}}})"
+                    f" - sum by (team, kind) (topowatch_quota_current_gpus{{{t}}})",
+                    "{{team}} {{kind}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Quota and use now",
+                "Nominal quota, GPUs used, borrowed and lent per team.",
+                "short",
+                query(f"sum by (team, state) (topowatch_team_gpus{{{t}}})", "{{team}} {{state}}"),
+            )
+        )
+    )
+
+
+# file name (without .json) -> builder
+DASHBOARDS: dict[str, Callable[[], db.Dashboard]] = {
+    "fleet": fleet,
+    "node-hardware": node_hardware,
+    "topology-placement": topology,
+    "task-governance": governance,
+    "health-remediation": health,
+    "quota-planning": quota,
+}

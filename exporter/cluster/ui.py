@@ -1,0 +1,310 @@
+"""Server-rendered pages for people: topology, one workload, the preemption ledger.
+
+No build step and no script: the model's views become HTML strings here, with every value from
+the cluster passed through html.escape. Reading the model (`topology_picture`) is separate from
+rendering, so the service can copy what it needs under its lock and render outside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from html import escape
+from typing import Any
+from urllib.parse import quote
+
+from exporter.cluster import views
+from exporter.cluster.explain import explain_text
+from exporter.cluster.model import ClusterModel
+from exporter.cluster.objects import Node, Pod
+from exporter.cluster.ui_svg import (
+    GpuSlot,
+    NodeTile,
+    TopologyPicture,
+    legend_rows,
+    slot_colour,
+    team_of,
+    topology_svg,
+    workload_href,
+)
+from exporter.topology.tree import render_tree
+
+__all__ = [
+    "GpuSlot",
+    "NodeTile",
+    "TopologyPicture",
+    "gpu_slots",
+    "not_found_page",
+    "preemptions_page",
+    "topology_page",
+    "topology_picture",
+    "topowatch_unhealthy",
+    "unhealthy_reason",
+    "workload_page",
+]
+
+HEALTH_CONDITION = "TopowatchHealthy"  # written by healthcheck.reporter on each node
+
+_STYLE = """
+body{font:14px system-ui,sans-serif;margin:1.2em;color:#0f172a}
+nav a{margin-right:1em} table{border-collapse:collapse;margin:.6em 0}
+td,th{border:1px solid #cbd5e1;padding:2px 8px;text-align:left}
+.swatch{display:inline-block;width:12px;height:12px;margin-right:4px}
+pre{background:#f1f5f9;padding:.6em;white-space:pre-wrap}
+svg text{font:12px system-ui,sans-serif} .domain-title{font-weight:600}
+"""
+
+
+# --- reading the model ------------------------------------------------------------------------
+
+
+def topowatch_unhealthy(node: Mapping[str, Any]) -> str:
+    """Why our own health agent marked this raw Node unhealthy, "" when it did not.
+
+    The normalized Node carries only HyperPod's label, so the service keeps this note per node
+    from the raw objects. Malformed input yields "", never an exception.
+    """
+    status = node.get("status") if isinstance(node, Mapping) else None
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    if not isinstance(conditions, list):
+        return ""
+    for cond in conditions:
+        if not isinstance(cond, Mapping) or cond.get("type") != HEALTH_CONDITION:
+            continue
+        if cond.get("status") != "False":
+            return ""
+        detail = ": ".join(str(cond.get(k)) for k in ("reason", "message") if cond.get(k))
+        return f"{HEALTH_CONDITION}=False" + (f" ({detail})" if detail else "")
+    return ""
+
+
+def unhealthy_reason(node: Node, condition_note: str = "") -> str:
+    """HyperPod's Unschedulable* health label and our TopowatchHealthy=False, joined."""
+    reasons = []
+    if node.health.startswith("Unschedulable"):
+        reasons.append(f"HyperPod {node.health}")
+    if condition_note:
+        reasons.append(condition_note)
+    return "; ".join(reasons)
+
+
+def gpu_slots(
+    pods: Iterable[Pod], owners: Mapping[tuple[str, str], str] | None = None
+) -> dict[str, list[GpuSlot]]:
+    """Per node, one slot per GPU held, pods in name order (Kubernetes exposes no GPU index).
+
+    `owners` maps (namespace, pod) to the workload the model matched it to (by job UID or
+    owner); a pod it does not name falls back to its kueue.x-k8s.io/workload annotation.
+    """
+    holding = sorted((p for p in pods if p.holds_gpus), key=lambda p: (p.name, p.namespace))
+    known = owners or {}
+    slots: dict[str, list[GpuSlot]] = {}
+    for pod in holding:
+        workload = known.get(pod.key, pod.workload)
+        slots.setdefault(pod.node, []).extend(
+            [GpuSlot(pod.namespace, pod.name, workload)] * pod.gpus
+        )
+    return slots
+
+
+def topology_picture(
+    model: ClusterModel, condition_notes: Mapping[str, str] | None = None
+) -> TopologyPicture:
+    """Copy what the topology page needs out of the model (call under the service's lock)."""
+    notes = condition_notes or {}
+    owners = {
+        pod.key: name
+        for (_, name), state in model.workloads.items()
+        for pod in model.pods_of(state.workload)
+    }
+    held = gpu_slots(model.pods.values(), owners)
+    tiles: dict[str, NodeTile] = {}
+    for name, node in model.nodes.items():
+        slots = held.get(name, [])
+        tiles[name] = NodeTile(
+            name=name,
+            allocatable=node.allocatable_gpus,
+            free=model.tree.node_free(name),
+            schedulable=node.schedulable,
+            unhealthy=unhealthy_reason(node, notes.get(name, "")),
+            slots=tuple(slots) + (None,) * max(0, node.allocatable_gpus - len(slots)),
+        )
+    return TopologyPicture(
+        tree=render_tree(model.tree),
+        fragmentation=views.topology_view(model)["fragmentation"],
+        nodes=tiles,
+    )
+
+
+# --- pages ------------------------------------------------------------------------------------
+
+
+def topology_page(picture: TopologyPicture, highlight: str = "") -> str:
+    """Layers, nodes and GPUs; `highlight` (namespace/name) outlines one workload's GPUs."""
+    unhealthy = sorted(t.name for t in picture.nodes.values() if t.unhealthy)
+    body = [f"<h1>GPU topology</h1><p>{len(picture.nodes)} nodes, {len(unhealthy)} unhealthy"]
+    if unhealthy:
+        body.append(
+            ": " + ", ".join(f'<a href="#node-{escape(n)}">{escape(n)}</a>' for n in unhealthy)
+        )
+    body.append("</p>")
+    if highlight:
+        hosts = sorted(
+            t.name
+            for t in picture.nodes.values()
+            if any(s and s.workload_key == highlight for s in t.slots)
+        )
+        namespace, _, name = highlight.partition("/")
+        body.append(
+            f'<p class="highlight-note">Highlighting '
+            f"{_link(workload_href(namespace, name), highlight)} on {len(hosts)} node(s): "
+            f"{escape(', '.join(hosts) or 'none')}</p>"
+        )
+    body.append(_fragmentation_table(picture.fragmentation))
+    body.append(_legend(picture))
+    body.append(topology_svg(picture, highlight))
+    return _page("Topology", "".join(body))
+
+
+def _fragmentation_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    out = [
+        '<h2>Free GPUs by level</h2><table class="fragmentation"><tr><th>level</th>'
+        "<th>domains</th><th>free GPUs</th><th>largest free block</th><th>in domain</th>"
+        "<th>fragmentation</th></tr>"
+    ]
+    for row in rows:
+        out.append(
+            f'<tr data-level="{escape(str(row["level"]))}"><td>{escape(str(row["level"]))}</td>'
+            f"<td>{int(row['domains'])}</td><td>{int(row['free'])}</td>"
+            f'<td class="largest-free">{int(row["largest_free"])}</td>'
+            f"<td>{escape(str(row['largest_domain']) or '-')}</td>"
+            f"<td>{float(row['fragmentation_ratio']):.0%}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
+def _legend(picture: TopologyPicture) -> str:
+    slots = [s for t in picture.nodes.values() for s in t.slots if s is not None]
+    if not slots:
+        return "<p>No pod holds a GPU.</p>"
+    out = [
+        '<h2>Workloads on GPUs</h2><table class="legend">'
+        "<tr><th>workload</th><th>team</th><th>GPUs</th></tr>"
+    ]
+    for slot, count in legend_rows(slots):
+        swatch = f'<span class="swatch" style="background:{slot_colour(slot)}"></span>'
+        if slot.workload:
+            label = _link(workload_href(slot.namespace, slot.workload), slot.workload_key)
+        else:
+            label = f"{escape(slot.namespace)}/{escape(slot.pod)} (no workload)"
+        out.append(
+            f'<tr class="workload"><td>{swatch}{label}</td>'
+            f"<td>{escape(team_of(slot.namespace))}</td><td>{count}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
+def workload_page(view: Mapping[str, Any]) -> str:
+    """The explain answer, its timeline, and where its pods run (views.workload_view)."""
+    key = f"{view['namespace']}/{view['name']}"
+    topo = f"/ui/topology?workload={quote(key, safe='')}"
+    body = [
+        f'<h1>{escape(key)}</h1><p class="status">Status: <b>{escape(str(view["status"]))}</b>'
+        f' · <a href="{escape(topo)}">its nodes on the topology</a>'
+        ' · <a href="/ui/preemptions">all preemptions</a></p>',
+        f'<h2>Explanation</h2><pre class="explain">{escape(explain_text(view))}</pre>',
+        '<h2>Timeline</h2><table class="timeline"><tr><th>time</th><th>step</th>'
+        "<th>reason</th><th>detail</th></tr>",
+    ]
+    for entry in view.get("timeline", []):
+        body.append(
+            f"<tr><td>{escape(str(entry['time'] or '?'))}</td><td>{escape(str(entry['step']))}</td>"
+            f"<td>{escape(str(entry['reason']))}</td><td>{escape(str(entry['detail']))}</td></tr>"
+        )
+    body.append("</table>")
+    pods = view.get("pods", [])
+    if pods:
+        body.append(
+            '<h2>Pods</h2><table class="pods">'
+            "<tr><th>pod</th><th>node</th><th>GPUs</th><th>phase</th></tr>"
+        )
+        for pod in pods:
+            node = str(pod["node"] or "")
+            where = (
+                f'<a href="{escape(topo)}#node-{escape(quote(node, safe=""))}">{escape(node)}</a>'
+                if node
+                else "-"
+            )
+            body.append(
+                f"<tr><td>{escape(str(pod['name']))}</td><td>{where}</td>"
+                f"<td>{int(pod['gpus'])}</td><td>{escape(str(pod['phase']))}</td></tr>"
+            )
+        body.append("</table>")
+    suffered = view.get("preemptions_suffered", [])
+    caused = view.get("preemptions_caused", [])
+    if suffered:
+        body.append("<h2>Preempted by</h2>" + _preemption_table(suffered))
+    if caused:
+        body.append("<h2>Preempted others</h2>" + _preemption_table(caused))
+    return _page(key, "".join(body))
+
+
+def preemptions_page(records: Sequence[Mapping[str, Any]]) -> str:
+    """The ledger, newest first: who preempted whom, why, and whether topology drove it."""
+    newest = sorted(records, key=lambda r: str(r.get("time") or ""), reverse=True)
+    if not newest:
+        return _page("Preemptions", "<h1>Preemptions</h1><p>No preemptions recorded.</p>")
+    return _page("Preemptions", f"<h1>Preemptions</h1>{_preemption_table(newest)}")
+
+
+def _preemption_table(records: Iterable[Mapping[str, Any]]) -> str:
+    out = [
+        '<table class="preemptions"><tr><th>time</th><th>victim</th><th>victim queue</th>'
+        "<th>preemptor</th><th>preemptor queue</th><th>reason</th><th>cause</th>"
+        "<th>GPUs freed</th></tr>"
+    ]
+    for r in records:
+        verdict = str(r.get("verdict", "unknown"))
+        detail = str(r.get("verdict_detail", ""))
+        out.append(
+            f"<tr><td>{escape(str(r.get('time') or '?'))}</td>"
+            f"<td>{_workload_link(str(r.get('victim', '')))}</td>"
+            f"<td>{escape(str(r.get('victim_cluster_queue') or '?'))}</td>"
+            f"<td>{_workload_link(str(r.get('preemptor', '')))}</td>"
+            f"<td>{escape(str(r.get('preemptor_cluster_queue') or '?'))}</td>"
+            f"<td>{escape(str(r.get('reason', '')))}</td>"
+            f'<td class="cause">{escape(f"{verdict}: {detail}" if detail else verdict)}</td>'
+            f"<td>{escape(str(r.get('gpus_freed', '')))}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
+def _workload_link(key: str) -> str:
+    """A link for "namespace/name"; the ledger's "uid:..." and "unknown" stay plain text."""
+    namespace, slash, name = key.partition("/")
+    if not slash or not namespace or not name or key.startswith("uid:"):
+        return escape(key)
+    return _link(workload_href(namespace, name), key)
+
+
+def _link(href: str, text: str) -> str:
+    return f'<a href="{escape(href)}">{escape(text)}</a>'
+
+
+def not_found_page(what: str) -> str:
+    return _page(
+        "Not found",
+        f'<h1>Not found</h1><p class="not-found">{escape(what)} is not known to this service.</p>',
+    )
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)} · topowatch</title><style>{_STYLE}</style></head><body>"
+        '<nav><a href="/ui/topology">Topology</a><a href="/ui/preemptions">Preemptions</a>'
+        '<a href="/api/v1/workloads">Workloads (JSON)</a></nav>'
+        f"{body}</body></html>\n"
+    )

@@ -1,0 +1,220 @@
+"""The topology picture as one SVG: domains as nested boxes, nodes as rows, GPUs as squares.
+
+Pure: a TopologyPicture in, markup out. Every text and attribute value goes through
+html.escape, because node names, namespaces and workload names come from the API server.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+from urllib.parse import quote
+
+HEADER_H = 22  # a domain's title row
+NODE_H = 24  # one node row
+PAD = 6  # space below a domain's last child
+INDENT = 14  # per tree depth
+GPU = 14  # a GPU square
+GPU_GAP = 3
+NAME_W = 210  # node name column, before the GPU squares
+WIDTH = 1100
+FREE_FILL = "#e5e7eb"  # a GPU a new pod could get
+UNAVAILABLE_FILL = "#9ca3af"  # idle, but on a node that takes no new pods
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSlot:
+    """One GPU held by a pod; `workload` is the pod's Kueue workload name, "" when it has none."""
+
+    namespace: str
+    pod: str
+    workload: str
+
+    @property
+    def workload_key(self) -> str:
+        return f"{self.namespace}/{self.workload}" if self.workload else ""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTile:
+    name: str
+    allocatable: int
+    free: int
+    schedulable: bool
+    unhealthy: str  # why the node is unhealthy, "" when it is not
+    slots: tuple[GpuSlot | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyPicture:
+    """What the topology page shows, copied out of the model under the service's lock."""
+
+    tree: list[dict[str, Any]]  # exporter.topology.tree.render_tree
+    fragmentation: list[dict[str, Any]]  # views.topology_view()["fragmentation"]
+    nodes: Mapping[str, NodeTile]
+
+
+def team_of(namespace: str) -> str:
+    """HyperPod task governance puts team T in namespace hyperpod-ns-T; others are their own."""
+    prefix = "hyperpod-ns-"
+    return namespace[len(prefix) :] if namespace.startswith(prefix) else namespace
+
+
+def team_hue(team: str) -> int:
+    """A hue from a checksum, not hash(): the same team keeps its colour across restarts."""
+    return zlib.crc32(team.encode()) % 360
+
+
+def slot_colour(slot: GpuSlot) -> str:
+    """The team sets the hue; the workload only the lightness, so teams stay recognisable."""
+    lightness = 34 + (zlib.crc32(slot.workload_key.encode() or slot.pod.encode()) % 6) * 6
+    return f"hsl({team_hue(team_of(slot.namespace))},70%,{lightness}%)"
+
+
+def workload_href(namespace: str, name: str) -> str:
+    return f"/ui/workloads/{quote(namespace, safe='')}/{quote(name, safe='')}"
+
+
+def topology_svg(picture: TopologyPicture, highlight: str = "") -> str:
+    """`highlight` is a workload key (namespace/name) whose GPUs and nodes are outlined."""
+    parts: list[str] = []
+    height = _draw_all(picture, highlight, parts)
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="topology" width="{WIDTH}" '
+        f'height="{height}" viewBox="0 0 {WIDTH} {height}" role="img" '
+        f'aria-label="GPU topology">{"".join(parts)}</svg>'
+    )
+
+
+def _draw_all(picture: TopologyPicture, highlight: str, parts: list[str]) -> int:
+    y = 4
+    for root in picture.tree:
+        y = _draw(root, 0, y, picture, highlight, parts) + PAD
+    return max(y, 40)
+
+
+def _draw(
+    entry: Mapping[str, Any],
+    depth: int,
+    y: int,
+    picture: TopologyPicture,
+    highlight: str,
+    parts: list[str],
+) -> int:
+    """Draw `entry` at `y`; returns the y below it."""
+    if entry.get("level") == "node":
+        return _draw_node(str(entry.get("domain", "")), entry, depth, y, picture, highlight, parts)
+    x = depth * INDENT + 2
+    start = len(parts)
+    parts.append("")  # the box, filled in once its height is known
+    title = (
+        f"{entry.get('level', '')} {entry.get('domain', '')} · {entry.get('free', 0)} free of "
+        f"{entry.get('allocatable', 0)} GPUs ({entry.get('nodes', 0)} nodes)"
+    )
+    parts.append(f'<text class="domain-title" x="{x + 6}" y="{y + 15}">{escape(title)}</text>')
+    bottom = y + HEADER_H
+    for child in entry.get("children", []):
+        bottom = _draw(child, depth + 1, bottom, picture, highlight, parts)
+    bottom += PAD
+    parts[start] = (
+        f'<g class="domain" data-level="{escape(str(entry.get("level", "")))}" '
+        f'data-domain="{escape(str(entry.get("domain", "")))}" '
+        f'data-free="{int(entry.get("free", 0))}">'
+        f'<rect x="{x}" y="{y}" width="{WIDTH - 2 * x}" height="{bottom - y}" rx="4" '
+        f'fill="none" stroke="#94a3b8"/></g>'
+    )
+    return bottom
+
+
+def _draw_node(
+    name: str,
+    entry: Mapping[str, Any],
+    depth: int,
+    y: int,
+    picture: TopologyPicture,
+    highlight: str,
+    parts: list[str],
+) -> int:
+    tile = picture.nodes.get(name) or NodeTile(
+        name, int(entry.get("allocatable", 0)), int(entry.get("free", 0)), True, "", ()
+    )
+    x = depth * INDENT + 2
+    hosts = bool(highlight) and any(
+        s is not None and s.workload_key == highlight for s in tile.slots
+    )
+    classes = ["node"]
+    if tile.unhealthy:
+        classes.append("unhealthy")
+    elif not tile.schedulable:
+        classes.append("unschedulable")
+    if hosts:
+        classes.append("hosts-highlight")
+    parts.append(
+        f'<g class="{" ".join(classes)}" id="node-{escape(name)}" data-node="{escape(name)}" '
+        f'data-free="{tile.free}">'
+    )
+    if tile.unhealthy:
+        parts.append(
+            f'<rect x="{x}" y="{y + 1}" width="{WIDTH - 2 * x}" height="{NODE_H - 2}" '
+            'fill="#fee2e2" stroke="#dc2626"/>'
+        )
+    elif hosts:
+        parts.append(
+            f'<rect x="{x}" y="{y + 1}" width="{WIDTH - 2 * x}" height="{NODE_H - 2}" '
+            'fill="#fef9c3" stroke="#ca8a04"/>'
+        )
+    parts.append(f'<text class="node-name" x="{x + 6}" y="{y + 16}">{escape(name)}</text>')
+    gx = x + NAME_W
+    count = max(tile.allocatable, len(tile.slots))
+    for index in range(count):
+        slot = tile.slots[index] if index < len(tile.slots) else None
+        parts.append(_gpu(slot, index, gx + index * (GPU + GPU_GAP), y + 5, tile, highlight))
+    note_x = gx + max(count, 8) * (GPU + GPU_GAP) + 10
+    note = f"{tile.free} free"
+    parts.append(f'<text class="node-free" x="{note_x}" y="{y + 16}">{escape(note)}</text>')
+    if tile.unhealthy:
+        parts.append(
+            f'<text class="unhealthy-marker" x="{note_x + 60}" y="{y + 16}" fill="#b91c1c">'
+            f"⚠ UNHEALTHY: {escape(tile.unhealthy)}</text>"
+        )
+    elif not tile.schedulable:
+        parts.append(
+            f'<text class="unschedulable-marker" x="{note_x + 60}" y="{y + 16}" '
+            'fill="#475569">unschedulable (cordoned or not Ready)</text>'
+        )
+    parts.append("</g>")
+    return y + NODE_H
+
+
+def _gpu(slot: GpuSlot | None, index: int, x: int, y: int, tile: NodeTile, highlight: str) -> str:
+    rect = f'x="{x}" y="{y}" width="{GPU}" height="{GPU}" rx="2"'
+    if slot is None:
+        fill = FREE_FILL if tile.schedulable else UNAVAILABLE_FILL
+        state = "free" if tile.schedulable else "unavailable"
+        tip = f"{tile.name} GPU {index}: {state}"
+        return f'<rect class="gpu {state}" {rect} fill="{fill}"><title>{escape(tip)}</title></rect>'
+    lit = bool(highlight) and slot.workload_key == highlight
+    stroke = ' stroke="#000" stroke-width="2.5"' if lit else ""
+    owner = slot.workload_key or f"{slot.namespace}/{slot.pod} (no workload)"
+    tip = f"{tile.name} GPU {index}: {owner}, pod {slot.pod}, team {team_of(slot.namespace)}"
+    body = (
+        f'<rect class="gpu used{" highlight" if lit else ""}" {rect} '
+        f'fill="{slot_colour(slot)}"{stroke} data-workload="{escape(owner)}">'
+        f"<title>{escape(tip)}</title></rect>"
+    )
+    if not slot.workload:
+        return body
+    return f'<a href="{escape(workload_href(slot.namespace, slot.workload))}">{body}</a>'
+
+
+def legend_rows(slots: Sequence[GpuSlot]) -> list[tuple[GpuSlot, int]]:
+    """One (sample slot, GPU count) per workload (or workload-less pod), sorted by key."""
+    counts: dict[str, tuple[GpuSlot, int]] = {}
+    for slot in slots:
+        key = slot.workload_key or f"{slot.namespace}/{slot.pod}"
+        first, seen = counts.get(key, (slot, 0))
+        counts[key] = (first, seen + 1)
+    return [counts[key] for key in sorted(counts)]

@@ -1,0 +1,226 @@
+"""What topowatch exposes, as Prometheus would scrape it, for tests that check dashboards and
+alert rules against real metric names.
+
+Two sources: the node agent on each simulated hardware profile with faults that light up every
+health finding (and an XID), and the cluster service over a few minutes of the simulated
+HyperPod cluster (preemptions, pending workloads, a workload spread past the layer it
+preferred, a cordoned node, a remediation controller in observe mode that has seen a sick node,
+quota advice). Everything runs on simulated time, so the text is the same on every run up to
+sample values.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.cluster.service import ClusterService
+from exporter.node.poller import Poller
+from exporter.node.serving import Exposition
+from exporter.sim.apiserver import ObjectStore
+from exporter.sim.cluster import SimulatedCluster
+from exporter.sim.faults import parse_faults
+from exporter.sim.node import SimulatedNode
+from exporter.sim.profiles import get_profile
+from healthcheck.controller import RemediationController
+from healthcheck.findings import FINDINGS_ANNOTATION, Finding, findings_to_json
+from healthcheck.monitor import HealthMonitor
+from healthcheck.policy import PolicyConfig
+
+PROFILES = ("p5.48xlarge", "p6e-gb200.36xlarge")
+START = 1_795_000_000.0  # the simulated cluster's default epoch
+SIMULATED_MINUTES = 10
+NODE_POLLS = 4  # enough for rates (two readings) and for damping to make findings actionable
+SPREAD_JOB = "spread-train"  # a workload whose preferred topology could not be met
+LAYER3 = "topology.k8s.aws/network-node-layer-3"
+
+# Per profile, faults covering every check the simulation can trigger (numa_misplaced and
+# row_remap_pending follow from the simulated processes and the ECC fault).
+FAULTS: dict[str, tuple[str, ...]] = {
+    "p5.48xlarge": (
+        "xid=79@gpu3",
+        "gpu-lost@gpu2",
+        "nvlink-down@gpu0:link3",
+        "nvlink-crc@gpu1:link0",
+        "ecc-dbe@gpu1",
+        "remap-failure@gpu4",
+        "thermal@gpu5",
+        "pcie-degraded@gpu6",
+        "efa-missing@rdmap16s27",
+        "efa-unresponsive@rdmap16s28",
+        "rootfs-ro",
+    ),
+    "p6e-gb200.36xlarge": (
+        "xid=79@gpu3",
+        "gpu-lost@gpu2",
+        "nvlink-down@gpu0:link3",
+        "nvlink-crc@gpu1:link0",
+        "ecc-dbe@gpu1",
+        "remap-failure@gpu0",
+        "thermal@gpu3",
+        "pcie-degraded@gpu3",
+        "efa-missing@rdmap32s0",
+        "efa-unresponsive@rdmap32s1",
+        "rootfs-ro",
+    ),
+}
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)")
+
+
+@dataclass
+class SimulatedWorld:
+    """The simulated cluster and the service that modelled it (shared, read-only after build)."""
+
+    store: ObjectStore
+    cluster: SimulatedCluster
+    service: ClusterService
+    controller: RemediationController
+    now: float
+    sick_node: str
+    cordoned_node: str
+
+    def node_name(self, instance_type: str) -> str:
+        """The first cluster node of `instance_type` (node agents take its name, so PromQL
+        joins between agent and cluster series find each other)."""
+        for node in self.cluster.nodes():
+            if node.instance_type in (instance_type, f"ml.{instance_type}"):
+                return node.name
+        raise LookupError(f"no simulated node of type {instance_type}")
+
+
+class FaultyNode:
+    """A simulated node of one profile with every fault in FAULTS, polled with health checks
+    on simulated time."""
+
+    def __init__(
+        self,
+        profile: str,
+        node_name: str,
+        start: float = START,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """With `clock` (e.g. time.time) the node runs on that clock, for a node agent polling
+        in its own thread; without it `poll(step)` advances simulated time."""
+        self.node = SimulatedNode(get_profile(profile), parse_faults(FAULTS[profile]), start=start)
+        self.sources = self.node.sources()
+        self.now = start
+        self.poller = Poller(
+            node_name, self.sources, clock=clock or (lambda: self.now), health=HealthMonitor()
+        )
+
+    def poll(self, step: float = 5.0) -> Exposition:
+        self.now += step
+        _, exposition = self.poller.poll()
+        time.sleep(0.02)  # XIDs arrive on NVML's event thread; let it deliver before the next
+        return exposition
+
+    def close(self) -> None:
+        self.sources.close()
+        self.node.close()
+
+
+@contextmanager
+def faulty_node(profile: str, node_name: str, start: float = START) -> Iterator[FaultyNode]:
+    node = FaultyNode(profile, node_name, start)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def node_exposition(profile: str, node_name: str) -> bytes:
+    with faulty_node(profile, node_name) as node:
+        text = b""
+        for _ in range(NODE_POLLS):
+            text = node.poll().text
+        return text
+
+
+@functools.cache
+def simulated_world() -> SimulatedWorld:
+    """A default-shaped cluster stepped for a few simulated minutes, modelled by a service."""
+    now = START
+    store = ObjectStore(clock=lambda: now)
+    cluster = SimulatedCluster(store, seed=0, start=START)
+    cluster.bootstrap()
+    nodes = cluster.nodes()
+    cordoned = nodes[1].name
+    cluster.cordon(cordoned)
+    # 48 GPUs preferring one layer-3 domain (32 GPUs of p5 each): admitted, but spread
+    cluster.submit("llm", SPREAD_JOB, 8, 6, "training-priority", ("preferred", LAYER3), START + 1)
+    for tick in range(1, SIMULATED_MINUTES * 6 + 1):
+        now = START + 10.0 * tick
+        cluster.step(now)
+    clock_now = now
+    controller = RemediationController(PolicyConfig(), [], clock=lambda: clock_now)
+    service = ClusterService(controller=controller, clock=lambda: clock_now, quota_min_observed_s=0)
+    sick = nodes[0].name
+    for kind, plural in _PLURALS:
+        items = [dict(obj, kind=kind) for obj in store.items(plural)]
+        if kind == "Node":
+            items = [_with_finding(obj, clock_now) if _name(obj) == sick else obj for obj in items]
+        service.replace(kind, items)
+    controller.run_once()
+    service.sample_quota()
+    return SimulatedWorld(store, cluster, service, controller, clock_now, sick, cordoned)
+
+
+_PLURALS = (
+    ("Topology", "topologies"),
+    ("ResourceFlavor", "resourceflavors"),
+    ("WorkloadPriorityClass", "workloadpriorityclasses"),
+    ("Cohort", "cohorts"),
+    ("ClusterQueue", "clusterqueues"),
+    ("LocalQueue", "localqueues"),
+    ("Node", "nodes"),
+    ("Workload", "workloads"),
+    ("Pod", "pods"),
+    ("Event", "events"),
+)
+
+
+def _name(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("name", ""))
+
+
+def _with_finding(node: dict[str, Any], now: float) -> dict[str, Any]:
+    """`node` as its agent would report it with an XID 79 (fatal, replace)."""
+    sick = Finding("xid", "gpu3", "fatal", "replace", "XID 79 fallen off the bus", now, now, True)
+    meta = dict(node.get("metadata") or {})
+    meta["annotations"] = {
+        **(meta.get("annotations") or {}),
+        FINDINGS_ANNOTATION: findings_to_json([sick]),
+    }
+    return {**node, "metadata": meta}
+
+
+@functools.cache
+def expositions() -> dict[str, bytes]:
+    """Source name ("node/<profile>", "cluster") -> its text exposition."""
+    world = simulated_world()
+    out = {
+        f"node/{profile}": node_exposition(profile, world.node_name(profile))
+        for profile in PROFILES
+    }
+    out["cluster"] = world.service.metrics_body(openmetrics=False)
+    return out
+
+
+@functools.cache
+def exposed_metric_names() -> frozenset[str]:
+    """Every sample name in any exposition (suffixes such as _total and _bucket kept)."""
+    names: set[str] = set()
+    for text in expositions().values():
+        for line in text.decode().splitlines():
+            if line and not line.startswith("#"):
+                match = _SAMPLE.match(line)
+                if match:
+                    names.add(match.group(1))
+    return frozenset(names)

@@ -1,0 +1,691 @@
+"""The Helm chart renders, lints and validates offline, and deploys nothing it should not.
+
+Rendering and linting use Helm's own Go library (helm-python-sdk); every rendered core object
+is checked by kubernetes-validate --strict against Kubernetes 1.30. No prometheus-operator CRD
+ships offline here (neither kubernetes-validate nor any installed package carries
+monitoring.coreos.com schemas), so ServiceMonitor and PrometheusRule are checked against a
+closed subset of the monitoring.coreos.com/v1 schema written below: every field the chart emits
+must be one the CRD defines, with its type and pattern, and the CRD's required fields present.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import tomllib
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "charts" / "topowatch"
+KUBE_VERSION = "1.30.0"
+RELEASE, NAMESPACE = "topowatch", "monitoring"
+
+ACT_VALUES: dict[str, Any] = {
+    "remediation": {"enabled": True, "mode": "act"},
+    "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+    "prometheusRule": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+    "cluster": {"alertsToken": {"existingSecret": "topowatch-alerts", "key": "token"}},
+    "nodeAgent": {"runtimeClassName": "nvidia", "compat": ["dcgm", "efa"]},
+}
+OBSERVE_VALUES: dict[str, Any] = {"remediation": {"enabled": True, "mode": "observe"}}
+
+Manifest = dict[str, Any]
+
+
+def render(chart_dir: Path, values: dict[str, Any] | None) -> list[Manifest]:
+    chart = helm.Chart.load(chart_dir)
+    rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    documents: list[Manifest] = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        documents.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return documents
+
+
+@cache
+def rendered(profile: str) -> tuple[Manifest, ...]:
+    values = {"default": None, "observe": OBSERVE_VALUES, "act": ACT_VALUES}[profile]
+    return tuple(render(CHART, values))
+
+
+def objects(manifests: tuple[Manifest, ...] | list[Manifest], kind: str) -> list[Manifest]:
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def one(manifests: tuple[Manifest, ...] | list[Manifest], kind: str, name: str) -> Manifest:
+    found = [m for m in objects(manifests, kind) if m["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, got {len(found)}"
+    return found[0]
+
+
+def pod_specs(manifests: tuple[Manifest, ...]) -> Iterator[tuple[str, Manifest]]:
+    for m in manifests:
+        if m["kind"] in ("DaemonSet", "Deployment"):
+            yield m["metadata"]["name"], m["spec"]["template"]["spec"]
+
+
+def chart_copy(tmp_path: Path) -> Path:
+    """A private copy of the chart whose dashboards and rules a test may replace."""
+    copy = tmp_path / "topowatch"
+    shutil.copytree(CHART, copy, ignore=shutil.ignore_patterns("dashboards", "rules"))
+    return copy
+
+
+# --- render, lint, validate ---------------------------------------------------------------
+
+
+def test_app_version_follows_the_package_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart["apiVersion"] == "v2"
+    assert chart["appVersion"] == project["version"]
+
+
+@pytest.mark.parametrize(
+    "values", [None, OBSERVE_VALUES, ACT_VALUES], ids=["default", "observe", "act"]
+)
+def test_chart_lints_without_warnings(values: dict[str, Any] | None) -> None:
+    report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
+    serious = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and serious == []
+
+
+@pytest.mark.parametrize("profile", ["default", "observe", "act"])
+def test_every_core_manifest_passes_strict_kubernetes_validation(profile: str) -> None:
+    manifests = rendered(profile)
+    core = [m for m in manifests if not m["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert {m["kind"] for m in core} >= {
+        "DaemonSet",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    }
+    for manifest in core:
+        # Raises ValidationError (unknown field, wrong type) or SchemaNotFoundError.
+        kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
+
+
+def test_strict_validation_would_catch_a_misspelled_field() -> None:
+    daemonset = json.loads(json.dumps(objects(rendered("default"), "DaemonSet")[0]))
+    daemonset["spec"]["template"]["spec"]["containers"][0]["readOnlyRootFilesytem"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(daemonset, KUBE_VERSION, strict=True)
+
+
+def test_schema_refuses_misspelled_values() -> None:
+    chart = helm.Chart.load(CHART)
+    typos: list[dict[str, Any]] = [
+        {"nodeAgnet": {}},
+        {"nodeAgent": {"runAsroot": True}},
+        {"cluster": {"resource": {}}},
+        {"remediation": {"mode": "enforce"}},
+        {"serviceMonitor": {"enable": True}},
+    ]
+    for typo in typos:
+        with pytest.raises(helm.HelmValuesError):
+            chart.validate_schema(typo)
+    chart.validate_schema(ACT_VALUES)
+
+
+def test_optional_objects_are_gated_by_values() -> None:
+    default_kinds = {m["kind"] for m in rendered("default")}
+    assert "ServiceMonitor" not in default_kinds and "PrometheusRule" not in default_kinds
+    default_maps = [m["metadata"]["name"] for m in objects(rendered("default"), "ConfigMap")]
+    assert "topowatch-cluster-remediation" not in default_maps
+    assert "topowatch-cluster-remediation" in {m["metadata"]["name"] for m in rendered("act")}
+    monitors = objects(rendered("act"), "ServiceMonitor")
+    assert {m["metadata"]["labels"]["app.kubernetes.io/component"] for m in monitors} == {
+        "node-agent",
+        "cluster",
+    }
+
+
+# --- security -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", ["default", "act"])
+def test_pods_run_hardened(profile: str) -> None:
+    specs = dict(pod_specs(rendered(profile)))
+    assert set(specs) == {"topowatch-node-agent", "topowatch-cluster"}
+    for name, spec in specs.items():
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0, name
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert not spec.get("hostNetwork") and not spec.get("hostPID"), name
+        for container in spec["containers"]:
+            ctx = container["securityContext"]
+            assert ctx["readOnlyRootFilesystem"] is True, name
+            assert ctx["allowPrivilegeEscalation"] is False, name
+            assert ctx["capabilities"] == {"drop": ["ALL"]}, name
+            assert not ctx.get("privileged"), name
+
+
+def test_host_paths_are_exactly_sysfs_procfs_and_pod_resources_all_read_only() -> None:
+    for profile in ("default", "act"):
+        for name, spec in pod_specs(rendered(profile)):
+            host_volumes = {
+                v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v
+            }
+            mounts = {m["name"]: m for c in spec["containers"] for m in c["volumeMounts"]}
+            if name.endswith("cluster"):
+                assert host_volumes == {}
+                continue
+            assert sorted(host_volumes.values()) == [
+                "/proc",
+                "/sys",
+                "/var/lib/kubelet/pod-resources",
+            ]
+            for volume in host_volumes:
+                assert mounts[volume]["readOnly"] is True, volume
+            by_host = {path: mounts[v]["mountPath"] for v, path in host_volumes.items()}
+            assert by_host["/sys"] == "/host/sys" and by_host["/proc"] == "/host/proc"
+
+
+def test_root_is_an_explicit_switch_for_the_node_agent_only() -> None:
+    manifests = render(CHART, {"nodeAgent": {"runAsRoot": True, "supplementalGroups": [44]}})
+    specs = dict(pod_specs(tuple(manifests)))
+    agent = specs["topowatch-node-agent"]
+    assert agent["securityContext"]["runAsUser"] == 0
+    assert agent["securityContext"]["supplementalGroups"] == [44]
+    assert agent["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert specs["topowatch-cluster"]["securityContext"]["runAsNonRoot"] is True
+
+
+def granted(role: Manifest) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
+REMEDIATION_WRITES = {("", "nodes", "patch"), ("", "events", "create")}
+
+
+@pytest.mark.parametrize("profile", ["default", "observe"])
+def test_cluster_service_cannot_write_unless_remediation_acts(profile: str) -> None:
+    role = granted(one(rendered(profile), "ClusterRole", "topowatch-cluster"))
+    assert {verb for _, _, verb in role} == {"get", "list", "watch"}
+    kueue = {resource for group, resource, _ in role if group == "kueue.x-k8s.io"}
+    assert kueue == {
+        "workloads",
+        "clusterqueues",
+        "localqueues",
+        "cohorts",
+        "resourceflavors",
+        "topologies",
+        "workloadpriorityclasses",
+    }
+    assert {resource for group, resource, _ in role if group == ""} == {"nodes", "pods", "events"}
+
+
+def test_remediation_in_act_mode_gets_only_its_write_verbs() -> None:
+    role = granted(one(rendered("act"), "ClusterRole", "topowatch-cluster"))
+    writes = {grant for grant in role if grant[2] in WRITE_VERBS}
+    assert writes == REMEDIATION_WRITES
+
+
+def test_node_agent_may_only_report_on_nodes() -> None:
+    role = granted(one(rendered("default"), "ClusterRole", "topowatch-node-agent"))
+    writes = {grant for grant in role if grant[2] in WRITE_VERBS}
+    assert writes == {
+        ("", "nodes", "patch"),
+        ("", "nodes/status", "patch"),
+        ("", "events", "create"),
+    }
+    assert {r for _, r, _ in role} == {"nodes", "nodes/status", "events"}
+    quiet = render(CHART, {"nodeAgent": {"reportNodeStatus": False}})
+    quiet_role = granted(one(quiet, "ClusterRole", "topowatch-node-agent"))
+    assert {verb for _, _, verb in quiet_role} == {"get", "list", "watch"}
+
+
+def test_bindings_tie_each_role_to_its_own_service_account() -> None:
+    manifests = rendered("act")
+    for binding in objects(manifests, "ClusterRoleBinding"):
+        name = binding["metadata"]["name"]
+        assert binding["roleRef"]["name"] == name
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}
+        ]
+        one(manifests, "ServiceAccount", name)
+
+
+# --- what each component is told ----------------------------------------------------------
+
+
+def args_of(spec: Manifest) -> list[str]:
+    container = spec["containers"][0]
+    assert "command" not in container  # the image's ENTRYPOINT is topowatch
+    return [str(a) for a in container["args"]]
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_node_agent_reads_the_host_through_its_mounts() -> None:
+    spec = dict(pod_specs(rendered("act")))["topowatch-node-agent"]
+    args = args_of(spec)
+    assert args[0] == "node" and flag(args, "--listen") == "0.0.0.0:9402"
+    assert flag(args, "--sysfs-root") == "/host/sys" and flag(args, "--proc-root") == "/host/proc"
+    assert flag(args, "--pod-resources-socket").startswith("/var/lib/kubelet/pod-resources/")
+    assert flag(args, "--compat") == "dcgm,efa"
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    assert spec["runtimeClassName"] == "nvidia"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    assert "runtimeClassName" not in dict(pod_specs(rendered("default")))["topowatch-node-agent"]
+
+
+def test_cluster_service_gets_remediation_config_and_alerts_token_from_the_cluster() -> None:
+    manifests = rendered("act")
+    spec = dict(pod_specs(manifests))["topowatch-cluster"]
+    args = args_of(spec)
+    assert args[0] == "cluster" and flag(args, "--listen") == "0.0.0.0:9403"
+    mounts = {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    config_path = Path(flag(args, "--remediation-config"))
+    assert str(config_path.parent) == mounts["remediation"]
+    config_map = one(manifests, "ConfigMap", volumes["remediation"]["configMap"]["name"])
+    config = yaml.safe_load(config_map["data"][config_path.name])
+    assert config["mode"] == "act" and config["providers"] == ["hyperpod"]
+    token_path = Path(flag(args, "--alerts-token-file"))
+    assert str(token_path.parent) == mounts["alerts-token"]
+    secret = volumes["alerts-token"]["secret"]
+    assert secret["secretName"] == "topowatch-alerts"
+    assert secret["items"] == [{"key": "token", "path": token_path.name}]
+    default_args = args_of(dict(pod_specs(rendered("default")))["topowatch-cluster"])
+    assert "--remediation-config" not in default_args and "--alerts-token-file" not in default_args
+
+
+def test_probes_use_the_health_endpoints_on_the_metrics_port() -> None:
+    for name, spec in pod_specs(rendered("default")):
+        container = spec["containers"][0]
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}, (
+            name
+        )
+
+
+def test_resources_follow_the_benchmarks() -> None:
+    specs = dict(pod_specs(rendered("default")))
+    agent = specs["topowatch-node-agent"]["containers"][0]["resources"]
+    cluster = specs["topowatch-cluster"]["containers"][0]["resources"]
+    assert agent == {
+        "requests": {"cpu": "50m", "memory": "96Mi"},
+        "limits": {"cpu": "200m", "memory": "192Mi"},
+    }
+    assert cluster == {
+        "requests": {"cpu": "250m", "memory": "512Mi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    }
+
+
+def test_services_expose_a_metrics_port_that_the_service_monitors_select() -> None:
+    manifests = rendered("act")
+    services = {
+        s["metadata"]["labels"]["app.kubernetes.io/component"]: s
+        for s in objects(manifests, "Service")
+    }
+    pods = {
+        m["metadata"]["labels"]["app.kubernetes.io/component"]: m
+        for m in manifests
+        if m["kind"] in ("DaemonSet", "Deployment")
+    }
+    for monitor in objects(manifests, "ServiceMonitor"):
+        component = monitor["metadata"]["labels"]["app.kubernetes.io/component"]
+        service = services[component]
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= service["metadata"]["labels"].items()
+        assert [p["name"] for p in service["spec"]["ports"]] == ["metrics"]
+        assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+        pod_labels = pods[component]["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+        assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+        # the agent's own pod/namespace/container/node labels name the GPU's workload: kept
+        honor = monitor["spec"]["endpoints"][0].get("honorLabels", False)
+        assert honor is (component == "node-agent")
+
+
+# --- prometheus-operator objects (closed subset of monitoring.coreos.com/v1) ----------------
+
+DURATION = (
+    r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+)
+STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+METADATA = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"},
+        "namespace": {"type": "string"},
+        "labels": STRING_MAP,
+        "annotations": STRING_MAP,
+    },
+}
+LABEL_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"matchLabels": STRING_MAP, "matchExpressions": {"type": "array"}},
+}
+SERVICE_MONITOR_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": METADATA,
+        "spec": {
+            "type": "object",
+            "required": ["selector"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": LABEL_SELECTOR,
+                "namespaceSelector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "any": {"type": "boolean"},
+                        "matchNames": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "jobLabel": {"type": "string"},
+                "targetLabels": {"type": "array", "items": {"type": "string"}},
+                "endpoints": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "scheme": {"enum": ["http", "https"]},
+                            "interval": {"type": "string", "pattern": DURATION},
+                            "scrapeTimeout": {"type": "string", "pattern": DURATION},
+                            "honorLabels": {"type": "boolean"},
+                            "honorTimestamps": {"type": "boolean"},
+                            "relabelings": {"type": "array", "items": {"type": "object"}},
+                            "metricRelabelings": {"type": "array", "items": {"type": "object"}},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+RULE = {
+    "type": "object",
+    "required": ["expr"],
+    "additionalProperties": False,
+    "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+    "properties": {
+        "alert": {"type": "string"},
+        "record": {"type": "string"},
+        "expr": {"anyOf": [{"type": "string", "minLength": 1}, {"type": "integer"}]},
+        "for": {"type": "string", "pattern": DURATION},
+        "keep_firing_for": {"type": "string", "pattern": DURATION, "minLength": 1},
+        "labels": STRING_MAP,
+        "annotations": STRING_MAP,
+    },
+}
+PROMETHEUS_RULE_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": METADATA,
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": {"type": "string", "pattern": DURATION},
+                            "limit": {"type": "integer"},
+                            "labels": STRING_MAP,
+                            "rules": {"type": "array", "items": RULE},
+                        },
+                    },
+                }
+            },
+        },
+    },
+}
+
+
+def check_prometheus_operator_object(manifest: Manifest) -> None:
+    schema = {"ServiceMonitor": SERVICE_MONITOR_SCHEMA, "PrometheusRule": PROMETHEUS_RULE_SCHEMA}
+    jsonschema.validate(manifest, schema[manifest["kind"]])
+    if manifest["kind"] == "PrometheusRule":  # groups is a list-map keyed by name in the CRD
+        names = [g["name"] for g in manifest["spec"]["groups"]]
+        assert len(names) == len(set(names)), f"duplicate rule group names: {names}"
+
+
+SAMPLE_RULES = """\
+groups:
+  - name: topowatch-gpu
+    rules:
+      - alert: TopowatchGPUXid79
+        expr: increase(topowatch_xid_errors_total{xid="79"}[10m]) > 0
+        for: 0m
+        labels: {severity: critical}
+        annotations:
+          summary: "GPU {{ $labels.gpu }} on {{ $labels.node }} fell off the bus"
+          runbook_url: https://example.invalid/runbook.md#topowatchgpuxid79
+"""
+
+
+def test_prometheus_rule_carries_the_rules_file_verbatim(tmp_path: Path) -> None:
+    chart = chart_copy(tmp_path)
+    (chart / "rules").mkdir()
+    (chart / "rules" / "topowatch-alerts.yaml").write_text(SAMPLE_RULES)
+    manifests = render(chart, ACT_VALUES)
+    rule = one(manifests, "PrometheusRule", "topowatch-alerts")
+    assert rule["spec"] == yaml.safe_load(SAMPLE_RULES)  # {{ $labels }} survives, unrendered
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    for manifest in manifests:
+        if manifest["apiVersion"].startswith("monitoring.coreos.com/"):
+            check_prometheus_operator_object(manifest)
+    assert not objects(render(chart, None), "PrometheusRule")
+
+
+def test_the_structural_check_refuses_what_the_operator_would() -> None:
+    monitor = json.loads(json.dumps(objects(rendered("act"), "ServiceMonitor")[0]))
+    monitor["spec"]["endpoints"][0]["interval"] = "30 seconds"
+    with pytest.raises(jsonschema.ValidationError):
+        check_prometheus_operator_object(monitor)
+    bad_rule = yaml.safe_load(SAMPLE_RULES)
+    del bad_rule["groups"][0]["rules"][0]["expr"]
+    with pytest.raises(jsonschema.ValidationError):
+        check_prometheus_operator_object(
+            {
+                "apiVersion": "monitoring.coreos.com/v1",
+                "kind": "PrometheusRule",
+                "metadata": {"name": "x"},
+                "spec": bad_rule,
+            }
+        )
+
+
+def test_chart_prometheus_operator_objects_are_well_formed() -> None:
+    manifests = rendered("act")
+    operator_objects = [
+        m for m in manifests if m["apiVersion"].startswith("monitoring.coreos.com/")
+    ]
+    assert len(objects(manifests, "ServiceMonitor")) == 2
+    for manifest in operator_objects:
+        check_prometheus_operator_object(manifest)
+    rules_copy = CHART / "rules" / "topowatch-alerts.yaml"
+    if rules_copy.is_file():
+        rule = one(manifests, "PrometheusRule", "topowatch-alerts")
+        assert rule["spec"]["groups"] == yaml.safe_load(rules_copy.read_text())["groups"]
+    else:
+        assert not objects(manifests, "PrometheusRule")
+
+
+# --- dashboards ------------------------------------------------------------------------------
+
+
+def test_each_dashboard_becomes_a_labelled_config_map(tmp_path: Path) -> None:
+    chart = chart_copy(tmp_path)
+    (chart / "dashboards").mkdir()
+    dashboards = {
+        "topowatch-fleet.json": {"uid": "topowatch-fleet", "title": "Fleet", "panels": []},
+        "topowatch-node.json": {"uid": "topowatch-node", "title": "Node {{ not helm }}"},
+    }
+    for name, body in dashboards.items():
+        (chart / "dashboards" / name).write_text(json.dumps(body, indent=2))
+    manifests = render(chart, {"dashboards": {"annotations": {"grafana_folder": "GPU"}}})
+    maps = [
+        m for m in objects(manifests, "ConfigMap") if "grafana_dashboard" in m["metadata"]["labels"]
+    ]
+    assert len(maps) == 2
+    for config_map in maps:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["annotations"] == {"grafana_folder": "GPU"}
+        kubernetes_validate.validate(config_map, KUBE_VERSION, strict=True)
+        ((name, text),) = config_map["data"].items()
+        assert json.loads(text) == dashboards[name]
+    assert not objects(render(chart, {"dashboards": {"enabled": False}}), "ConfigMap")
+
+
+def test_chart_dashboards_render_one_config_map_each() -> None:
+    carried = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
+    maps = [
+        m
+        for m in objects(rendered("default"), "ConfigMap")
+        if "grafana_dashboard" in m["metadata"]["labels"]
+    ]
+    assert sorted(name for m in maps for name in m["data"]) == carried
+    for config_map in maps:  # the API server refuses ConfigMaps over 1 MiB
+        assert sum(len(v.encode()) for v in config_map["data"].values()) < 1024 * 1024
+        assert json.loads(next(iter(config_map["data"].values())))["uid"]
+    assert len({m["metadata"]["name"] for m in maps}) == len(maps)
+
+
+# --- chart assets stay in sync with their sources ------------------------------------------
+
+
+def sync_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "sync_chart_assets", REPO / "scripts" / "sync_chart_assets.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_chart_copies_equal_their_sources() -> None:
+    assert sync_script().drift(REPO) == []
+
+
+def test_sync_copies_updates_and_prunes(tmp_path: Path) -> None:
+    sync = sync_script()
+    (tmp_path / "dashboards").mkdir()
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "dashboards" / "fleet.json").write_text('{"uid": "fleet"}')
+    (tmp_path / "rules" / "topowatch-alerts.yaml").write_text("groups: []\n")
+    stale = tmp_path / "charts" / "topowatch" / "dashboards" / "gone.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    assert len(sync.drift(tmp_path)) == 3
+    sync.sync(tmp_path)
+    assert sync.drift(tmp_path) == []
+    assert not stale.exists()
+    copied = tmp_path / "charts" / "topowatch" / "dashboards" / "fleet.json"
+    assert copied.read_text() == '{"uid": "fleet"}'
+    (tmp_path / "dashboards" / "fleet.json").write_text('{"uid": "fleet", "version": 2}')
+    assert sync.drift(tmp_path) == [
+        "out of date: charts/topowatch/dashboards/fleet.json (from dashboards/fleet.json)"
+    ]
+    assert sync.main(["--check", "--repo", str(tmp_path)]) == 1
+
+
+# --- the image ----------------------------------------------------------------------------
+
+
+def dockerfile_stages() -> list[tuple[str, list[tuple[str, str]]]]:
+    """(FROM line, [(instruction, arguments)]) per stage, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", (REPO / "Dockerfile").read_text())
+    stages: list[tuple[str, list[tuple[str, str]]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, arguments = line.partition(" ")
+        if instruction.upper() == "FROM":
+            stages.append((arguments, []))
+        else:
+            assert stages, "instruction before the first FROM"
+            stages[-1][1].append((instruction.upper(), arguments.strip()))
+    return stages
+
+
+def test_dockerfile_builds_a_wheel_then_installs_only_the_runtime() -> None:
+    stages = dockerfile_stages()
+    assert len(stages) >= 2
+    build_from, build = stages[0]
+    final_from, final = stages[-1]
+    assert " AS " in build_from.upper()
+    assert any(i == "RUN" and "pip wheel" in a for i, a in build)
+    assert final_from.split()[0] == "python:3.11-slim"
+    installs = [a for i, a in final if i == "RUN" and "pip install" in a]
+    assert len(installs) == 1 and "--no-index" in installs[0] and "topowatch" in installs[0]
+    final_text = " ".join(a for _, a in final)
+    for tool in ("gcc", "build-essential", "apt-get install", "make "):
+        assert tool not in final_text
+    assert not any(i == "COPY" and "exporter" in a for i, a in final), "source tree in final image"
+
+
+def test_dockerfile_runs_topowatch_as_a_numeric_non_root_user() -> None:
+    _, final = dockerfile_stages()[-1]
+    users = [a for i, a in final if i == "USER"]
+    assert users, "final stage sets no USER"
+    user = users[-1].split(":")[0]
+    assert user.isdigit() and int(user) != 0
+    entrypoints = [a for i, a in final if i == "ENTRYPOINT"]
+    assert [json.loads(a) for a in entrypoints] == [["topowatch"]]
+
+
+def test_dockerignore_keeps_the_context_to_the_package() -> None:
+    lines = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*"
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    assert allowed == {"pyproject.toml", "README.md", "exporter", "healthcheck"}

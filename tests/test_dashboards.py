@@ -1,0 +1,204 @@
+"""The committed dashboards: regenerating them changes nothing, every query is PromQL that reads
+series topowatch really exposes, and the dashboards hang together (unique uids, a Prometheus
+datasource variable everywhere, links that land on a dashboard that exists)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import promql_parser
+import pytest
+
+from dashboards.boards import DASHBOARDS
+from dashboards.generate import main as generate_main
+from dashboards.generate import render
+from tests.expositions import exposed_metric_names
+
+DIR = Path(__file__).resolve().parents[1] / "dashboards"
+# Series Prometheus makes itself for every target, not any exporter's.
+PROMETHEUS_SERIES = frozenset({"up"})
+# What Grafana puts in for its built-ins, and a plausible value for each dashboard variable.
+BUILTINS = {"__rate_interval": "1m", "__interval": "15s", "__range": "1h"}
+DEFAULTS = {
+    "cluster": ".*",
+    "node": "hyperpod-i-0123456789abcdef0",
+    "gpu": ".*",
+    "namespace": ".*",
+    "team": ".*",
+    "cluster_queue": ".*",
+    "workload": ".*",
+    "level": "network-node-layer-3",
+}
+_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+_LABEL_VALUES = re.compile(r"^label_values\((?:(.+),\s*)?(\w+)\)$")
+_UID_IN_URL = re.compile(r"^/d/([\w-]+)\?")
+
+
+def load() -> dict[str, dict[str, Any]]:
+    return {
+        path.stem: json.loads(path.read_text(encoding="utf-8"))
+        for path in sorted(DIR.glob("*.json"))
+    }
+
+
+def substitute(expr: str, values: Mapping[str, str]) -> str:
+    """Grafana's interpolation for the variables a dashboard defines (and its built-ins);
+    anything else, like a regex back-reference "$1" in label_replace, is left alone."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name in BUILTINS:
+            return BUILTINS[name]
+        return values.get(name, match.group(0))
+
+    return _VARIABLE.sub(one, expr)
+
+
+def panel_queries(model: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(panel title + refId, expr) for every query of every panel, rows' children included."""
+    panels = list(model.get("panels", []))
+    while panels:
+        panel = panels.pop(0)
+        panels.extend(panel.get("panels", []))
+        for target in panel.get("targets", []):
+            yield f"{panel['title']} [{target['refId']}]", target["expr"]
+
+
+def variable_selectors(model: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(variable name, the series selector inside its label_values(...) query)."""
+    for variable in model["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        match = _LABEL_VALUES.match(variable["query"])
+        assert match, f"variable {variable['name']}: not label_values(...): {variable['query']}"
+        if match.group(1):
+            yield variable["name"], match.group(1)
+
+
+def metric_names(expr: str) -> set[str]:
+    names: set[str] = set()
+
+    def visit(node: promql_parser.Expr) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            assert node.name, f"selector without a metric name in {expr}"
+            names.add(node.name)
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return names
+
+
+def links(model: Mapping[str, Any]) -> Iterator[str]:
+    """Every URL in dashboard links and panel data links."""
+    for link in model.get("links", []):
+        if link.get("type") == "link":
+            yield link["url"]
+    for panel in model.get("panels", []):
+        for link in panel.get("fieldConfig", {}).get("defaults", {}).get("links", []):
+            yield link["url"]
+
+
+def all_expressions() -> Iterator[tuple[str, str]]:
+    for name, model in load().items():
+        for where, expr in panel_queries(model):
+            yield f"{name}: {where}", substitute(expr, DEFAULTS)
+        for variable, selector in variable_selectors(model):
+            yield f"{name}: variable {variable}", substitute(selector, DEFAULTS)
+
+
+def test_the_committed_json_is_what_the_generator_writes() -> None:
+    assert sorted(p.stem for p in DIR.glob("*.json")) == sorted(DASHBOARDS)
+    for name in DASHBOARDS:
+        committed = (DIR / f"{name}.json").read_text(encoding="utf-8")
+        assert committed == render(name), f"{name}.json is stale: run dashboards/generate.py"
+    assert generate_main(["--check"]) == 0
+
+
+def test_there_are_six_dashboards_each_with_a_fixed_unique_uid_tags_and_a_datasource() -> None:
+    models = load()
+    assert len(models) == 6
+    uids = [m["uid"] for m in models.values()]
+    assert len(set(uids)) == 6 and all(uid.startswith("topowatch-") for uid in uids)
+    for name, model in models.items():
+        assert "topowatch" in model["tags"], name
+        variables = {v["name"]: v for v in model["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource", name
+        assert variables["datasource"]["query"] == "prometheus", name
+        for where, _ in panel_queries(model):
+            assert where  # every panel has a title
+        for panel in model["panels"]:
+            if panel["type"] != "row":
+                assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+
+
+def test_every_query_parses_as_promql() -> None:
+    failures = []
+    count = 0
+    for where, expr in all_expressions():
+        count += 1
+        try:
+            promql_parser.parse(expr)
+        except Exception as exc:  # the parser raises ValueError-like errors from Rust
+            failures.append(f"{where}: {expr!r}: {exc}")
+    assert count > 60
+    assert not failures, "\n".join(failures)
+
+
+def test_every_metric_a_dashboard_reads_is_exposed_by_topowatch() -> None:
+    exposed = exposed_metric_names() | PROMETHEUS_SERIES
+    missing = {
+        f"{where}: {name}"
+        for where, expr in all_expressions()
+        for name in metric_names(expr)
+        if name not in exposed
+    }
+    assert not missing, "\n".join(sorted(missing))
+
+
+def test_a_made_up_metric_would_be_caught() -> None:
+    """The check above is only worth something if it can fail."""
+    expr = substitute('rate(topowatch_gpu_made_up_total{node="$node"}[$__rate_interval])', {})
+    assert metric_names(expr) == {"topowatch_gpu_made_up_total"}
+    assert "topowatch_gpu_made_up_total" not in exposed_metric_names()
+    with pytest.raises(Exception):  # noqa: B017 - the Rust parser's error type is not public
+        promql_parser.parse("sum by (node (topowatch_gpus)")
+
+
+def test_links_land_on_dashboards_that_exist_and_walk_workload_to_gpu() -> None:
+    models = load()
+    uids = {m["uid"]: name for name, m in models.items()}
+    edges: set[tuple[str, str]] = set()
+    for name, model in models.items():
+        for url in links(model):
+            match = _UID_IN_URL.match(url)
+            assert match, f"{name}: link {url!r} is not a /d/<uid>? link"
+            assert match.group(1) in uids, f"{name}: link to unknown uid {match.group(1)}"
+            assert "${datasource:queryparam}" in url, f"{name}: link drops the datasource"
+            edges.add((name, uids[match.group(1)]))
+    # workload (placement) -> the nodes its pods run on -> one GPU of a node
+    assert ("topology-placement", "node-hardware") in edges
+    assert ("node-hardware", "node-hardware") in edges
+    node_board = models["node-hardware"]
+    urls = list(links(node_board))
+    assert any("var-gpu=${__data.fields.gpu}" in url for url in urls)
+    assert any(
+        "var-namespace=${__data.fields.namespace}" in url
+        for url in links(models["topology-placement"])
+    )
+    # every dashboard reaches the others through the tag dropdown
+    for model in models.values():
+        assert any(
+            link["type"] == "dashboards" and link["tags"] == ["topowatch"]
+            for link in model["links"]
+        )
+
+
+def test_variables_chain_a_node_to_its_gpus() -> None:
+    variables = {v["name"]: v for v in load()["node-hardware"]["templating"]["list"]}
+    assert '"$namespace"' in variables["node"]["query"]
+    assert 'node="$node"' in variables["gpu"]["query"]
+    assert variables["gpu"]["includeAll"] and variables["gpu"]["allValue"] == ".*"

@@ -1,0 +1,271 @@
+"""Every panel of every dashboard, evaluated by a real Prometheus.
+
+The Debian `prometheus` binary scrapes two simulated node agents (one per hardware profile,
+with faults injected) and the cluster service over the simulated cluster, every second; once
+samples arrive, each panel query (Grafana variables filled in with real values) must return
+data, or be listed in EXPECTED_EMPTY with the reason it is empty here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.cluster.service import ClusterService, build_app, run_app
+from exporter.node.serving import MetricsServer, NodeAgent
+from exporter.sim.demo_prometheus import start_prometheus
+from tests.expositions import PROFILES, SPREAD_JOB, FaultyNode, simulated_world
+from tests.test_dashboards import DEFAULTS, load, panel_queries, substitute
+
+pytestmark = pytest.mark.real_component
+
+# "dashboard: panel [refId]" -> why it has no data against this simulation
+EXPECTED_EMPTY = {
+    "health-remediation: Actions [A]": (
+        "the controller runs in observe mode here: it decides and audits, nothing is acted on"
+    ),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ServedCluster:
+    """build_app over an existing ClusterService, in a thread with its own event loop."""
+
+    def __init__(self, service: ClusterService) -> None:
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, args=(service,), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10), "cluster service did not start"
+
+    def _run(self, service: ClusterService) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+
+            def started(port: int) -> None:
+                self.port = port
+                self._ready.set()
+
+            await run_app(build_app(service), "127.0.0.1", 0, self._stop, started)
+
+        asyncio.run(main())
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+class ServedNode:
+    """A faulty simulated node behind a real node agent (poll thread + HTTP server)."""
+
+    def __init__(self, profile: str, name: str) -> None:
+        self.name = name
+        self.faulty = FaultyNode(profile, name, start=time.time(), clock=time.time)
+        self.agent = NodeAgent(self.faulty.poller, interval=0.5)
+        self.agent.poll_once()
+        self.agent.start()
+        self.server = MetricsServer(self.agent, "127.0.0.1", 0)
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.agent.stop()
+        self.faulty.close()
+
+
+def write_config(directory: Path, nodes: list[str], cluster: str) -> Path:
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        "scrape_configs": [
+            {"job_name": "topowatch-node", "static_configs": [{"targets": nodes}]},
+            {"job_name": "topowatch-cluster", "static_configs": [{"targets": [cluster]}]},
+        ],
+    }
+    path = directory / "prometheus.yml"
+    path.write_text(json.dumps(config))  # YAML is a superset of JSON
+    return path
+
+
+class Prometheus:
+    """Queries a running `prometheus` process over its HTTP API."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.proc, self.port, self.log = proc, port, log
+
+    @classmethod
+    def launch(cls, config: Path, data: Path) -> Prometheus:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            pytest.fail("prometheus missing: run scripts/bootstrap.sh (Debian package prometheus)")
+        port = free_port()
+        log = data / "prometheus.log"
+        with log.open("wb") as sink:
+            proc = subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={data / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        return cls(proc, port, log)
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": expr}
+        )
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def wait_for(self, expr: str, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"prometheus exited:\n{self.log.read_text()[-2000:]}"
+            try:
+                if self.query(expr):
+                    return
+            except (urllib.error.URLError, ConnectionError):
+                pass  # not listening yet
+            time.sleep(0.25)
+        pytest.fail(f"timed out waiting for {what}:\n{self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometheus, str]]:
+    world = simulated_world()
+    nodes = [ServedNode(profile, world.node_name(profile)) for profile in PROFILES]
+    cluster = ServedCluster(world.service)
+    directory = tmp_path_factory.mktemp("prometheus")
+    config = write_config(
+        directory,
+        [f"127.0.0.1:{n.server.port}" for n in nodes],
+        f"127.0.0.1:{cluster.port}",
+    )
+    prometheus = Prometheus.launch(config, directory)
+    try:
+        # discovery hands targets over after ~5 s; then two scrapes give rate() its two points
+        prometheus.wait_for('count(up{job=~"topowatch-.*"} == 1) == 3', 20, "all three targets")
+        prometheus.wait_for(
+            "count(count_over_time(topowatch_gpus[1m]) >= 3) == 2", 10, "three node scrapes"
+        )
+        yield prometheus, nodes[0].name
+    finally:
+        prometheus.stop()
+        cluster.stop()
+        for n in nodes:
+            n.stop()
+
+
+def test_every_panel_query_returns_data_from_a_real_prometheus(
+    stack: tuple[Prometheus, str],
+) -> None:
+    prometheus, node = stack
+    values = {**DEFAULTS, "node": node}
+    empty, unexpectedly_full, evaluated = [], [], 0
+    for name, model in load().items():
+        for where, expr in panel_queries(model):
+            key = f"{name}: {where}"
+            result = prometheus.query(substitute(expr, values))
+            evaluated += 1
+            if key in EXPECTED_EMPTY:
+                if result:
+                    unexpectedly_full.append(key)
+            elif not result:
+                empty.append(f"{key}: {substitute(expr, values)}")
+    assert evaluated > 60
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+    assert not unexpectedly_full, f"listed as expected-empty but have data: {unexpectedly_full}"
+
+
+def test_injected_faults_show_on_the_dashboards_as_an_operator_would_see_them(
+    stack: tuple[Prometheus, str],
+) -> None:
+    prometheus, node = stack
+    down = prometheus.query(f'topowatch_nvlink_up{{node="{node}"}} == 0')
+    assert {(s["metric"]["gpu"], s["metric"]["link"]) for s in down} == {("0", "3")}
+    xids = prometheus.query(f'sum by (xid) (topowatch_xid_errors_total{{node="{node}"}})')
+    assert [s["metric"]["xid"] for s in xids] == ["79"]
+    requesting = prometheus.query('topowatch_remediation_nodes_requesting{action="replace"}')
+    assert [s["value"][1] for s in requesting] == ["1"]  # the sick node the controller saw
+    unmet = prometheus.query("topowatch_workload_topology_satisfied == 0")
+    assert [s["metric"]["workload"].startswith(f"job-{SPREAD_JOB}-") for s in unmet] == [True]
+
+
+def test_the_demo_prometheus_scrapes_what_it_is_given_and_cleans_up(tmp_path: Path) -> None:
+    node = ServedNode("p5.48xlarge", "demo-node-1")
+    cluster = ServedCluster(simulated_world().service)
+    port = free_port()
+    out = io.StringIO()
+    running = start_prometheus(
+        port, f"127.0.0.1:{cluster.port}", [f"127.0.0.1:{node.server.port}"], out
+    )
+    try:
+        assert running is not None, out.getvalue()
+        assert f"http://127.0.0.1:{port}" in out.getvalue()
+        check = subprocess.run(
+            ["promtool", "check", "config", str(running.directory / "prometheus.yml")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+        # the same URL the demo prints answers, and both jobs are scraped
+        prometheus = Prometheus(running.proc, port, running.directory / "prometheus.log")
+        prometheus.wait_for('count(up{job=~"topowatch-.*"} == 1) == 2', 20, "demo targets up")
+    finally:
+        if running is not None:
+            running.stop()
+        cluster.stop()
+        node.stop()
+    assert running.proc.returncode is not None and not running.directory.exists()
+
+
+def test_the_demo_says_in_one_line_when_prometheus_cannot_run() -> None:
+    out = io.StringIO()
+    assert start_prometheus(9, "127.0.0.1:1", [], out, binary="no-such-prometheus") is None
+    assert out.getvalue().count("\n") == 1 and "not installed" in out.getvalue()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        out = io.StringIO()
+        assert start_prometheus(taken.getsockname()[1], "127.0.0.1:1", [], out) is None
+    assert out.getvalue().count("\n") == 1 and "taken" in out.getvalue()
