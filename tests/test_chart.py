@@ -1,11 +1,11 @@
 """The Helm chart renders, lints and validates offline, and deploys nothing it should not.
 
 Rendering and linting use Helm's own Go library (helm-python-sdk); every rendered core object
-is checked by kubernetes-validate --strict against Kubernetes 1.30. No prometheus-operator CRD
-ships offline here (neither kubernetes-validate nor any installed package carries
-monitoring.coreos.com schemas), so ServiceMonitor and PrometheusRule are checked against a
-closed subset of the monitoring.coreos.com/v1 schema written below: every field the chart emits
-must be one the CRD defines, with its type and pattern, and the CRD's required fields present.
+is checked by kubernetes-validate --strict against Kubernetes 1.30. ServiceMonitor and
+PrometheusRule are checked twice: against cloudcoil's models generated from prometheus-operator's
+own CRDs (types, patterns, required fields; they let unknown fields through), and against a
+closed subset of the monitoring.coreos.com/v1 schema written below, which refuses any field the
+CRD does not define, as the API server's pruning would silently drop it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import jsonschema
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
+from cloudcoil.models.prometheus_operator import v1 as operator_v1
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "topowatch"
@@ -545,8 +546,13 @@ def test_chart_prometheus_operator_objects_are_well_formed() -> None:
         m for m in manifests if m["apiVersion"].startswith("monitoring.coreos.com/")
     ]
     assert len(objects(manifests, "ServiceMonitor")) == 2
+    models = {
+        "ServiceMonitor": operator_v1.ServiceMonitor,
+        "PrometheusRule": operator_v1.PrometheusRule,
+    }
     for manifest in operator_objects:
         check_prometheus_operator_object(manifest)
+        models[manifest["kind"]].model_validate(manifest)  # raises on any CRD violation
     rules_copy = CHART / "rules" / "topowatch-alerts.yaml"
     if rules_copy.is_file():
         rule = one(manifests, "PrometheusRule", "topowatch-alerts")
@@ -689,3 +695,23 @@ def test_dockerignore_keeps_the_context_to_the_package() -> None:
     assert lines[0] == "*"
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
     assert allowed == {"pyproject.toml", "README.md", "exporter", "healthcheck"}
+
+
+def test_the_operator_models_refuse_what_the_crd_refuses() -> None:
+    """The generated models enforce the CRD's patterns: a human-style duration is refused."""
+    with pytest.raises(ValueError):
+        operator_v1.PrometheusRule.model_validate(
+            {
+                "apiVersion": "monitoring.coreos.com/v1",
+                "kind": "PrometheusRule",
+                "metadata": {"name": "x"},
+                "spec": {
+                    "groups": [
+                        {
+                            "name": "g",
+                            "rules": [{"alert": "A", "expr": "up == 0", "for": "5 minutes"}],
+                        }
+                    ]
+                },
+            }
+        )
