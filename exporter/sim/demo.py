@@ -84,6 +84,7 @@ def run_demo(
         print(f"  Kubernetes API (simulated): {env.url}", file=out)
         print(f"  cluster metrics:  {base}/metrics", file=out)
         print(f"  API:              {base}/api/v1/topology  {base}/api/v1/preemptions", file=out)
+        print(f"  topology view:    {base}/ui/topology  {base}/ui/preemptions", file=out)
         mode = "act (HyperPod labels)" if remediate else "observe (--remediate to act)"
         print(f"  remediation:      {mode}, {base}/api/v1/remediation", file=out)
         if fleet is not None and fleet.agents:
