@@ -252,7 +252,7 @@ def test_total_nominal_stays_within_capacity_split_by_fair_share_weight() -> Non
     sim.pending("light", "more-l", 4, None)
     history = new_history()
     now = sim.day(history)
-    weights = fair_share_weights([sim.raw_queue(t) for t in ("heavy", "light")])
+    weights = fair_share_weights(sim.model)
     assert weights == {cq_name("heavy"): 3.0, cq_name("light"): 1.0}
     recs = advise(sim.model, history, now, AdvisorConfig(weights=weights))
     heavy, light = by_kind(recs, "heavy")["nominal"], by_kind(recs, "light")["nominal"]
@@ -310,7 +310,8 @@ def test_single_snapshot_and_bad_input_never_crash() -> None:
     model.apply("ClusterQueue", "ADDED", {"kind": "ClusterQueue", "metadata": {"name": "x"}}, T0)
     model.apply("ClusterQueue", "ADDED", {"metadata": {"name": "y"}, "spec": "nonsense"}, T0)
     assert advise(model, QuotaHistory.from_model_only(model, T0), T0) == []
-    assert fair_share_weights([{"kind": "ClusterQueue", "metadata": {}, "spec": 3}, "junk"]) == {}  # type: ignore[list-item]
+    # Queues whose weight cannot be read weigh 1, as Kueue's default.
+    assert fair_share_weights(model) == {"x": 1.0, "y": 1.0}
 
 
 # --- metrics and the API view ----------------------------------------------------------------

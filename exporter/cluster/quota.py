@@ -23,8 +23,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
+from exporter.cluster.core import parse_quantity as core_parse_quantity
 from exporter.cluster.metrics import team_of
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import ClusterQueue, FlavorQuota, Node
@@ -550,43 +551,20 @@ def fair_share_weight(weights: Mapping[str, float], cluster_queue: str) -> float
     return weights.get(cluster_queue, 1.0)
 
 
-def fair_share_weights(objects: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """spec.fairSharing.weight of each ClusterQueue in raw API objects (a Kubernetes quantity:
-    2, "2", "500m"); absent or unreadable weights are left out, so they default to 1.
-
-    The parsed ClusterQueue does not carry the weight, so callers holding raw objects (a dump)
-    pass them through here into AdvisorConfig.weights."""
-    out: dict[str, float] = {}
-    for obj in objects:
-        if not isinstance(obj, Mapping) or obj.get("kind") != "ClusterQueue":
-            continue
-        meta, spec = obj.get("metadata"), obj.get("spec")
-        name = meta.get("name") if isinstance(meta, Mapping) else None
-        sharing = spec.get("fairSharing") if isinstance(spec, Mapping) else None
-        raw = sharing.get("weight") if isinstance(sharing, Mapping) else None
-        weight = parse_quantity(raw)
-        if isinstance(name, str) and weight is not None:
-            out[name] = weight
-    return out
+def fair_share_weights(model: ClusterModel) -> dict[str, float]:
+    """spec.fairSharing.weight of each ClusterQueue, as the parser read it (1 when absent or
+    unreadable), for AdvisorConfig.weights."""
+    return {name: cq.fair_share_weight for name, cq in model.cluster_queues.items()}
 
 
 def parse_quantity(value: object) -> float | None:
-    """A plain Kubernetes quantity as a float (integers, decimals, the milli suffix)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value) if value >= 0 else None
-    if not isinstance(value, str) or not value:
-        return None
-    scale = 1.0
-    text = value.strip()
-    if text.endswith("m"):
-        scale, text = 0.001, text[:-1]
+    """A Kubernetes quantity as a non-negative float; None where core.parse_quantity refuses it
+    or it is negative (quota figures cannot be)."""
     try:
-        number = float(text) * scale
+        number = core_parse_quantity(value)  # type: ignore[arg-type]
     except ValueError:
         return None
-    return number if number >= 0 and math.isfinite(number) else None
+    return number if number >= 0 else None
 
 
 # --- helpers ----------------------------------------------------------------------------------

@@ -126,7 +126,7 @@ def advice_from_dump(dump: Path) -> Advice:
         raise QuotaCliError(f"{dump}: {exc}") from exc
     model, now = model_from_objects(objects)
     history = QuotaHistory.from_model_only(model, now)
-    config = AdvisorConfig(weights=fair_share_weights(objects))
+    config = AdvisorConfig(weights=fair_share_weights(model))
     raw = {
         str(obj["metadata"]["name"]): obj
         for obj in objects

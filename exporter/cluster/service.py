@@ -21,7 +21,7 @@ from aiohttp import web
 from exporter.cluster import metrics, ui, views
 from exporter.cluster.informers import InformerSet
 from exporter.cluster.model import ClusterModel
-from exporter.cluster.quota import AdvisorConfig, Recommendation, advise
+from exporter.cluster.quota import AdvisorConfig, Recommendation, advise, fair_share_weights
 from exporter.cluster.quota_history import QuotaHistory
 from exporter.cluster.quota_views import quota_families, recommendations_view
 from exporter.node.exposition import (
@@ -203,9 +203,11 @@ class ClusterService:
                 self._quota_first_sample = now
             if now - self._quota_first_sample < self.quota_min_observed_s:
                 return  # advice from a few minutes of history would be noise, not evidence
-            weights = {name: cq.fair_share_weight for name, cq in self.model.cluster_queues.items()}
             self._quota_advice = advise(
-                self.model, self.quota_history, now, AdvisorConfig(weights=weights)
+                self.model,
+                self.quota_history,
+                now,
+                AdvisorConfig(weights=fair_share_weights(self.model)),
             )
 
     def quota_recommendations(self) -> list[dict[str, Any]]:
