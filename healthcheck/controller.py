@@ -22,7 +22,7 @@ from exporter.node.exposition import GAUGE, HISTOGRAM, Family
 from healthcheck.actions.base import ActionRequest, ActionResult, Provider
 from healthcheck.alerts import AlertSignal, ParsedAlerts
 from healthcheck.audit import Auditor, AuditRecord, node_event
-from healthcheck.findings import FINDINGS_ANNOTATION, decode_findings
+from healthcheck.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, decode_findings
 from healthcheck.policy import (
     HYPERPOD_HEALTH,
     HYPERPOD_PENDING,
@@ -44,7 +44,6 @@ from healthcheck.state import Action, RemediationState, dump_state, parse_state
 TO_ACTION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 log = logging.getLogger(__name__)
 
-HEALTH_CONDITION = "TopowatchHealthy"
 GPU_RESOURCE = "nvidia.com/gpu"
 MERGE_PATCH = "application/merge-patch+json"
 

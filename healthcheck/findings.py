@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 FINDINGS_ANNOTATION = "topowatch.io/findings"
+HEALTH_CONDITION = "TopowatchHealthy"  # the Node condition the node agent writes
 
 SEVERITIES = ("info", "warning", "critical", "fatal")  # ascending
 ACTIONS = ("none", "reboot", "replace")  # ascending: replace outranks reboot

@@ -29,6 +29,7 @@ from urllib.parse import quote
 from exporter.sources.kubeapi import ApiError, KubeApi
 from healthcheck.findings import (
     FINDINGS_ANNOTATION,
+    HEALTH_CONDITION,
     Finding,
     findings_to_json,
     format_time,
@@ -38,7 +39,6 @@ from healthcheck.monitor import HealthMonitor, HealthReport
 
 log = logging.getLogger(__name__)
 
-HEALTH_CONDITION = "TopowatchHealthy"
 EVENT_NAMESPACE = "default"  # where the kubelet records Node events too
 COMPONENT = "topowatch-node"
 REFRESH_SECONDS = 300.0

@@ -23,6 +23,7 @@ import pytest
 
 from exporter.cli import main
 from exporter.cluster import ui
+from exporter.cluster.core import parse_node
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import Node, Pod
 from exporter.cluster.ui_svg import slot_colour, team_hue
@@ -139,9 +140,10 @@ def test_unhealthy_nodes_are_marked_for_either_signal() -> None:
     raw["status"]["conditions"].append(
         {"type": "TopowatchHealthy", "status": "False", "reason": "XidFatal", "message": "xid 79"}
     )
-    note = ui.topowatch_unhealthy(raw)
-    assert note == "TopowatchHealthy=False (XidFatal: xid 79)"
-    page = ui.topology_page(ui.topology_picture(model, {"n2": note}))
+    raw["metadata"]["resourceVersion"] = "2"
+    assert parse_node(raw).condition_note == "TopowatchHealthy=False (XidFatal: xid 79)"
+    model.apply("Node", "MODIFIED", raw, T0)
+    page = ui.topology_page(ui.topology_picture(model))
     svg = svg_of(page)
     marked = set(re.findall(r'<g class="node unhealthy[^"]*" id="node-([^"]+)"', svg))
     assert marked == {"n2", "n3"}
@@ -156,7 +158,7 @@ def test_unhealthy_nodes_are_marked_for_either_signal() -> None:
         s.node("n1", ()),
     ]
     for bad in malformed:
-        assert ui.topowatch_unhealthy(bad) == ""
+        assert parse_node(bad).condition_note == ""
     assert ui.unhealthy_reason(Node("n", (), 8, True, "Schedulable")) == ""
 
 

@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from exporter.cluster.objects import GPU_RESOURCE, KubeEvent, Node, Pod
+from healthcheck.findings import HEALTH_CONDITION
 
 log = logging.getLogger(__name__)
 
@@ -338,9 +339,12 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
         allocatable = mapping(status.get("allocatable"), "status.allocatable", notes)
         gpus = gpu_count(allocatable.get(GPU_RESOURCE), "status.allocatable", notes)
         ready = False
+        condition_note = ""
         for cond in items(status.get("conditions"), "status.conditions", notes):
             if isinstance(cond, Mapping) and cond.get("type") == "Ready":
                 ready = cond.get("status") == "True"
+            elif isinstance(cond, Mapping) and cond.get("type") == HEALTH_CONDITION:
+                condition_note = _unhealthy_note(cond)
         cordoned = flag(spec.get("unschedulable"), "spec.unschedulable", notes, False)
         health = labels.get(HEALTH_LABEL, "")
         node = Node(
@@ -349,12 +353,21 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
             allocatable_gpus=gpus,
             schedulable=ready and not cordoned and not health.startswith("Unschedulable"),
             health=health,
+            condition_note=condition_note,
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")
         node = Node(name="", labels=(), allocatable_gpus=0, schedulable=False, health="")
     report("Node", obj, notes, problems)
     return node
+
+
+def _unhealthy_note(cond: Mapping[str, Any]) -> str:
+    """What our node agent's condition says when it is False, "" otherwise."""
+    if cond.get("status") != "False":
+        return ""
+    detail = ": ".join(str(cond.get(k)) for k in ("reason", "message") if cond.get(k))
+    return f"{HEALTH_CONDITION}=False" + (f" ({detail})" if detail else "")
 
 
 def parse_pod(obj: Mapping[str, Any], problems: list[str] | None = None) -> Pod:

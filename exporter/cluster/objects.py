@@ -180,6 +180,8 @@ class Node:
     allocatable_gpus: int
     schedulable: bool  # not cordoned, Ready, and no HyperPod Unschedulable* health label
     health: str  # sagemaker.amazonaws.com/node-health-status, "" when absent
+    # "TopowatchHealthy=False (reason: message)" while our node agent reports it unhealthy
+    condition_note: str = ""
 
     def label(self, key: str) -> str:
         for k, v in self.labels:

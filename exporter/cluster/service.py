@@ -67,15 +67,12 @@ class ClusterService:
         self._quota_first_sample: float | None = None
         self._quota_advice: list[Recommendation] = []
         self.informers: InformerSet | None = None
-        self._health_notes: dict[str, str] = {}  # node -> TopowatchHealthy=False note, for the UI
 
     # InformerSink
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         with self.lock:
             self.model.replace(kind, items, self.clock())
             problems = self.model.drain_problems()
-            if kind == "Node":
-                self._health_notes = _health_notes(items)
         _log_problems(problems)
         if kind == "Node" and self.controller is not None:
             now = self.clock()
@@ -86,8 +83,6 @@ class ClusterService:
         with self.lock:
             self.model.apply(kind, event_type, obj, self.clock())
             problems = self.model.drain_problems() if self.model.recent_problems else []
-            if kind == "Node":
-                self._note_health(event_type, obj)
         _log_problems(problems)
         if kind == "Node" and self.controller is not None:
             self.controller.observe_node(obj, self.clock(), deleted=event_type == "DELETED")
@@ -169,7 +164,7 @@ class ClusterService:
     # pages for people (/ui/...): copied out under the lock, rendered outside it
     def ui_topology(self, highlight: str = "") -> str:
         with self.lock:
-            picture = ui.topology_picture(self.model, self._health_notes)
+            picture = ui.topology_picture(self.model)
         return ui.topology_page(picture, highlight)
 
     def ui_workload(self, namespace: str, name: str) -> str | None:
@@ -178,17 +173,6 @@ class ClusterService:
 
     def ui_preemptions(self) -> str:
         return ui.preemptions_page(self.preemptions(0.0))
-
-    def _note_health(self, event_type: str, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        name = meta.get("name") if isinstance(meta, dict) else None
-        if not isinstance(name, str):
-            return
-        note = "" if event_type == "DELETED" else ui.topowatch_unhealthy(obj)
-        if note:
-            self._health_notes[name] = note
-        else:
-            self._health_notes.pop(name, None)
 
     def sample_quota(self) -> None:
         """One step of the quota history, and fresh advice cached for the API and /metrics.
@@ -228,17 +212,6 @@ class ClusterService:
                 for s in informers
             ],
         }
-
-
-def _health_notes(nodes: Iterable[dict[str, Any]]) -> dict[str, str]:
-    notes: dict[str, str] = {}
-    for node in nodes:
-        meta = node.get("metadata") if isinstance(node, dict) else None
-        name = meta.get("name") if isinstance(meta, dict) else None
-        note = ui.topowatch_unhealthy(node) if isinstance(name, str) else ""
-        if isinstance(name, str) and note:
-            notes[name] = note
-    return notes
 
 
 def _log_problems(problems: Iterable[str]) -> None:

@@ -37,12 +37,10 @@ __all__ = [
     "preemptions_page",
     "topology_page",
     "topology_picture",
-    "topowatch_unhealthy",
     "unhealthy_reason",
     "workload_page",
 ]
 
-HEALTH_CONDITION = "TopowatchHealthy"  # written by healthcheck.reporter on each node
 
 _STYLE = """
 body{font:14px system-ui,sans-serif;margin:1.2em;color:#0f172a}
@@ -57,33 +55,13 @@ svg text{font:12px system-ui,sans-serif} .domain-title{font-weight:600}
 # --- reading the model ------------------------------------------------------------------------
 
 
-def topowatch_unhealthy(node: Mapping[str, Any]) -> str:
-    """Why our own health agent marked this raw Node unhealthy, "" when it did not.
-
-    The normalized Node carries only HyperPod's label, so the service keeps this note per node
-    from the raw objects. Malformed input yields "", never an exception.
-    """
-    status = node.get("status") if isinstance(node, Mapping) else None
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    if not isinstance(conditions, list):
-        return ""
-    for cond in conditions:
-        if not isinstance(cond, Mapping) or cond.get("type") != HEALTH_CONDITION:
-            continue
-        if cond.get("status") != "False":
-            return ""
-        detail = ": ".join(str(cond.get(k)) for k in ("reason", "message") if cond.get(k))
-        return f"{HEALTH_CONDITION}=False" + (f" ({detail})" if detail else "")
-    return ""
-
-
-def unhealthy_reason(node: Node, condition_note: str = "") -> str:
+def unhealthy_reason(node: Node) -> str:
     """HyperPod's Unschedulable* health label and our TopowatchHealthy=False, joined."""
     reasons = []
     if node.health.startswith("Unschedulable"):
         reasons.append(f"HyperPod {node.health}")
-    if condition_note:
-        reasons.append(condition_note)
+    if node.condition_note:
+        reasons.append(node.condition_note)
     return "; ".join(reasons)
 
 
@@ -106,11 +84,8 @@ def gpu_slots(
     return slots
 
 
-def topology_picture(
-    model: ClusterModel, condition_notes: Mapping[str, str] | None = None
-) -> TopologyPicture:
+def topology_picture(model: ClusterModel) -> TopologyPicture:
     """Copy what the topology page needs out of the model (call under the service's lock)."""
-    notes = condition_notes or {}
     owners = {
         pod.key: name
         for (_, name), state in model.workloads.items()
@@ -125,7 +100,7 @@ def topology_picture(
             allocatable=node.allocatable_gpus,
             free=model.tree.node_free(name),
             schedulable=node.schedulable,
-            unhealthy=unhealthy_reason(node, notes.get(name, "")),
+            unhealthy=unhealthy_reason(node),
             slots=tuple(slots) + (None,) * max(0, node.allocatable_gpus - len(slots)),
         )
     return TopologyPicture(
