@@ -16,12 +16,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from exporter.topology.labels import HEALTH_STATUS_KEY
 from healthcheck.state import Action, RemediationState
 
 Mode = Literal["observe", "act"]
 Verdict = Literal["act", "skip"]
 
-HYPERPOD_HEALTH = "sagemaker.amazonaws.com/node-health-status"
+HYPERPOD_HEALTH = HEALTH_STATUS_KEY
 HYPERPOD_PENDING = frozenset({"UnschedulablePendingReboot", "UnschedulablePendingReplacement"})
 OPT_OUT_LABEL = "topowatch.io/remediation"
 OPT_OUT_VALUE = "disabled"

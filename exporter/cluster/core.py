@@ -23,13 +23,14 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from exporter.cluster.objects import GPU_RESOURCE, KubeEvent, Node, Pod
+from exporter.topology.labels import HEALTH_STATUS_KEY
 from healthcheck.findings import HEALTH_CONDITION
 
 log = logging.getLogger(__name__)
 
 EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 
-HEALTH_LABEL: Final = "sagemaker.amazonaws.com/node-health-status"
+HEALTH_LABEL: Final = HEALTH_STATUS_KEY
 WORKLOAD_ANNOTATION: Final = "kueue.x-k8s.io/workload"
 JOB_UID_LABEL: Final = "kueue.x-k8s.io/job-uid"
 QUEUE_NAME_LABEL: Final = "kueue.x-k8s.io/queue-name"

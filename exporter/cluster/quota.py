@@ -30,7 +30,7 @@ from exporter.cluster.metrics import team_of
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import ClusterQueue, FlavorQuota, Node
 from exporter.cluster.quota_history import JobShape, QueueSummary, QuotaHistory
-from exporter.topology.labels import INSTANCE_TYPE_KEY
+from exporter.topology.labels import INSTANCE_TYPE_KEY, LAYER_KEYS
 from exporter.topology.tree import level_of_label_key
 
 Kind = Literal["nominal", "topology_fit", "borrowing_limit", "lending_limit", "topology_mode"]
@@ -538,7 +538,7 @@ def _level_above_that_fits(
     depth = int(level.rsplit("-", 1)[1])
     flavor_list = list(flavors)
     for up in range(depth - 1, 0, -1):
-        key = f"topology.k8s.aws/network-node-layer-{up}"
+        key = LAYER_KEYS[up - 1]
         if largest_domain_gpus(model, key, flavor_list) >= gpus:
             return f"network-node-layer-{up}"
     return ""

@@ -17,15 +17,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from exporter.sim.kueue_scheduler import HOSTNAME, FlavorSpec, Mode, QueuePolicy, Quota
+from exporter.topology.labels import (
+    HEALTH_STATUS_KEY,
+    INSTANCE_TYPE_KEY,
+    LAYER_KEYS,
+    REGION_KEY,
+    ULTRASERVER_KEY,
+    ZONE_KEY,
+)
 
-LAYER1 = "topology.k8s.aws/network-node-layer-1"
-LAYER2 = "topology.k8s.aws/network-node-layer-2"
-LAYER3 = "topology.k8s.aws/network-node-layer-3"
-ULTRASERVER = "topology.k8s.aws/ultraserver-id"
-ZONE = "topology.kubernetes.io/zone"
-REGION = "topology.kubernetes.io/region"
-INSTANCE_TYPE = "node.kubernetes.io/instance-type"
-HEALTH = "sagemaker.amazonaws.com/node-health-status"
+LAYER1, LAYER2, LAYER3 = LAYER_KEYS[:3]
+ULTRASERVER = ULTRASERVER_KEY
+ZONE = ZONE_KEY
+REGION = REGION_KEY
+INSTANCE_TYPE = INSTANCE_TYPE_KEY
+HEALTH = HEALTH_STATUS_KEY
 
 P5 = "ml.p5.48xlarge"
 GB200 = "ml.p6e-gb200.36xlarge"

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from exporter.sim.kueue_scheduler import GPU, HOSTNAME, Mode, Quota
+from exporter.topology.labels import HEALTH_STATUS_KEY
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -27,7 +28,7 @@ TOPOLOGY_ANNOTATIONS = {
     "required": "kueue.x-k8s.io/podset-required-topology",
     "preferred": "kueue.x-k8s.io/podset-preferred-topology",
 }
-HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
+HEALTH_LABEL = HEALTH_STATUS_KEY
 ADMISSION = "kueue-admission"  # Kueue's scheduler records its events under this name
 POD_SET = "main"
 CONTAINER = "trainer"

@@ -22,8 +22,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from exporter.topology.labels import HOSTNAME_KEY
+
 GPU = "nvidia.com/gpu"
-HOSTNAME = "kubernetes.io/hostname"
+HOSTNAME = HOSTNAME_KEY
 
 Mode = Literal["required", "preferred", "unconstrained"]
 PreemptionReason = Literal["InClusterQueue", "InCohortReclamation", "InCohortReclaimWhileBorrowing"]

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from exporter.topology.labels import HEALTH_STATUS_KEY, HOSTNAME_KEY, ULTRASERVER_KEY
+
 KUEUE_V1BETA2 = "kueue.x-k8s.io/v1beta2"
 KUEUE_V1BETA1 = "kueue.x-k8s.io/v1beta1"
 LAYER_KEY = "topology.k8s.aws/network-node-layer-{}"
-ULTRASERVER_KEY = "topology.k8s.aws/ultraserver-id"
-HOSTNAME_KEY = "kubernetes.io/hostname"
 GPU = "nvidia.com/gpu"
 
 
@@ -47,7 +47,7 @@ def node(
         "node.kubernetes.io/instance-type": instance_type,
         "topology.kubernetes.io/region": zone[:-1],
         "topology.kubernetes.io/zone": zone,
-        "sagemaker.amazonaws.com/node-health-status": health,
+        HEALTH_STATUS_KEY: health,
     }
     for i, layer in enumerate(layers, start=1):
         labels[LAYER_KEY.format(i)] = layer

@@ -32,6 +32,8 @@ LAYER_KEYS: tuple[str, ...] = tuple(
 HOSTNAME_KEY = "kubernetes.io/hostname"
 ULTRASERVER_KEY = "topology.k8s.aws/ultraserver-id"
 INSTANCE_TYPE_KEY = "node.kubernetes.io/instance-type"
+# HyperPod's health agent marks nodes here before it reboots or replaces them.
+HEALTH_STATUS_KEY = "sagemaker.amazonaws.com/node-health-status"
 _LEGACY_INSTANCE_TYPE_KEY = "beta.kubernetes.io/instance-type"
 
 LABEL_KEY_OF_LEVEL: dict[str, str] = {
