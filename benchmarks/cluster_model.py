@@ -28,7 +28,7 @@ from exporter.cluster import metrics
 from exporter.cluster.explain import explain_text
 from exporter.cluster.model import ClusterModel, is_live
 from exporter.cluster.views import workload_view
-from exporter.node.exposition import encode_text
+from exporter.exposition import encode_text
 from exporter.sim.synthetic import SyntheticShape, synthetic_cluster
 from exporter.topology.tree import Placement
 

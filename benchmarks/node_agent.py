@@ -33,10 +33,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.node.exposition import COUNTER, INFO, UNTYPED, encode_text  # noqa: E402
+from exporter.exposition import COUNTER, INFO, UNTYPED, encode_text  # noqa: E402
 from exporter.node.poller import Poller  # noqa: E402
-from exporter.sim.node import SimulatedNode  # noqa: E402
-from exporter.sim.profiles import get_profile  # noqa: E402
+from exporter.sim.hardware.node import SimulatedNode  # noqa: E402
+from exporter.sim.hardware.profiles import get_profile  # noqa: E402
 from healthcheck.monitor import HealthMonitor  # noqa: E402
 
 PROFILE = "p5.48xlarge"

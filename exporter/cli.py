@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exporter.cluster.quota_cli import add_quota_parser
+from exporter.cluster.quota.cli import add_quota_parser
+from exporter.node.agent import NodeAgent
 from exporter.node.poller import COMPAT_MODES, NodeSources, Poller
-from exporter.node.serving import NodeAgent, serve
+from exporter.node.serving import serve
 from exporter.sim.faults import FaultSpecError, parse_faults
-from exporter.sim.profiles import PROFILES, get_profile
+from exporter.sim.hardware.profiles import PROFILES, get_profile
 from exporter.topology.cli import add_topology_parser
 from healthcheck.config import ConfigError, HealthConfig, load_config
 from healthcheck.monitor import HealthMonitor
@@ -404,7 +405,7 @@ def run_node(args: argparse.Namespace) -> int:
         return 2
     sim = None
     if args.simulate:
-        from exporter.sim.node import SimulatedNode
+        from exporter.sim.hardware.node import SimulatedNode
 
         try:
             sim = SimulatedNode(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from exporter.node.exposition import COUNTER, Family
+from exporter.exposition import COUNTER, Family
 from healthcheck.policy import Decision
 
 log = logging.getLogger("topowatch.audit")

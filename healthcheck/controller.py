@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from exporter.node.exposition import GAUGE, HISTOGRAM, Family
+from exporter.exposition import GAUGE, HISTOGRAM, Family
 from healthcheck.actions.base import ActionRequest, ActionResult, Provider
 from healthcheck.alerts import AlertSignal, ParsedAlerts
 from healthcheck.audit import Auditor, AuditRecord, node_event

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from exporter.node.exposition import COUNTER, GAUGE, Family
+from exporter.exposition import COUNTER, GAUGE, Family
 from exporter.node.snapshot import NodeSnapshot
 from healthcheck.checks import FAMILIES, Check, History, run_check_families
 from healthcheck.checks.base import collector_ok

@@ -12,8 +12,8 @@ import pytest
 
 from exporter.node.poller import Poller
 from exporter.sim.faults import parse_faults
-from exporter.sim.node import SimulatedNode
-from exporter.sim.profiles import get_profile
+from exporter.sim.hardware.node import SimulatedNode
+from exporter.sim.hardware.profiles import get_profile
 
 # The shared reference data sits beside the checkout (../shared), in CI as in development.
 REFERENCE = Path(

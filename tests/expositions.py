@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.cluster.service import ClusterService
+from exporter.exposition import Exposition
 from exporter.node.poller import Poller
-from exporter.node.serving import Exposition
-from exporter.sim.apiserver import ObjectStore
 from exporter.sim.cluster import SimulatedCluster
 from exporter.sim.faults import parse_faults
-from exporter.sim.node import SimulatedNode
-from exporter.sim.profiles import get_profile
+from exporter.sim.hardware.node import SimulatedNode
+from exporter.sim.hardware.profiles import get_profile
+from exporter.sim.kubeapi.server import ObjectStore
 from healthcheck.controller import RemediationController
 from healthcheck.findings import FINDINGS_ANNOTATION, Finding, findings_to_json
 from healthcheck.monitor import HealthMonitor

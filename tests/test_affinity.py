@@ -9,8 +9,8 @@ import pytest
 from exporter.node.affinity import compute_affinity
 from exporter.node.snapshot import EfaDeviceReading, GpuAffinity, NumaNodeReading
 from exporter.sim.faults import Fault
-from exporter.sim.profiles import HardwareProfile, get_profile, simulated_processes
-from exporter.sim.sysfs import SimulatedSysfs
+from exporter.sim.hardware.profiles import HardwareProfile, get_profile, simulated_processes
+from exporter.sim.hardware.sysfs import SimulatedSysfs
 from exporter.sources.sysfs import (
     PciLocation,
     read_efa,

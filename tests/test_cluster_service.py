@@ -21,8 +21,8 @@ import pytest
 
 from exporter.cluster.run import explain_live, kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService
-from exporter.sim.apiserver import FakeApiServer, ObjectStore
 from exporter.sim.cluster import ClusterShape, SimulatedCluster
+from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from healthcheck.controller import RemediationController
 from tests.conftest import promtool_lint
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from exporter.cluster.core import parse_event, parse_node, parse_pod, parse_time
+from exporter.cluster.parse.core import parse_event, parse_node, parse_pod, parse_time
 
 LAYER1 = "topology.k8s.aws/network-node-layer-1"
 HEALTH = "sagemaker.amazonaws.com/node-health-status"

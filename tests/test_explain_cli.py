@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from exporter.cli import main
-from exporter.sim.apiserver import ObjectStore
 from exporter.sim.cluster import ClusterShape, SimulatedCluster
+from exporter.sim.kubeapi.server import ObjectStore
 
 L3 = "topology.k8s.aws/network-node-layer-3"
 NS = "hyperpod-ns-a"

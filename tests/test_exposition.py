@@ -7,19 +7,19 @@ import gzip
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.node.exposition import (
+from exporter.exposition import (
     COUNTER,
     GAUGE,
     HISTOGRAM,
     INFO,
     UNTYPED,
+    Exposition,
     Family,
     encode_openmetrics,
     encode_text,
     format_value,
     wants_openmetrics,
 )
-from exporter.node.serving import Exposition
 
 
 def families() -> list[Family]:

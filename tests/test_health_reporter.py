@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from exporter.node.agent import NodeAgent
 from exporter.node.poller import Poller
-from exporter.node.serving import NodeAgent
-from exporter.sim.apiserver import FakeApiServer, ObjectStore
 from exporter.sim.faults import parse_fault
+from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from exporter.sources.kubeapi import ApiError, KubeApi
 from healthcheck.findings import FINDINGS_ANNOTATION, Finding, findings_from_json
 from healthcheck.monitor import HealthMonitor, HealthReport

@@ -18,7 +18,7 @@ import kubernetes.client as kc
 import pytest
 
 from exporter.cluster.informers import WATCHED, InformerSet, InformerStatus, Watched
-from exporter.sim.apiserver import FakeApiServer, ObjectStore
+from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from tests.test_sim_apiserver import pod, workload_v1beta2
 
 PLURALS = {w.kind: w.plural for w in WATCHED}

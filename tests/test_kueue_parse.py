@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.cluster.kueue import (
+from exporter.cluster.objects import DomainAssignment, FlavorQuota, PreemptionNote, TopologyRequest
+from exporter.cluster.parse.kueue import (
     MAX_DOMAINS,
     PREEMPTED_REASONS,
     decode_topology_assignment,
@@ -33,7 +34,6 @@ from exporter.cluster.kueue import (
     reason_for_cause,
     topology_request,
 )
-from exporter.cluster.objects import DomainAssignment, FlavorQuota, PreemptionNote, TopologyRequest
 from tests.conftest import reference
 from tests.crds import assert_valid_kueue, kueue_validator
 

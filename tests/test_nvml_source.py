@@ -17,8 +17,8 @@ import pytest
 
 from exporter.node.snapshot import PROFILING_KEYS, GpuInventory, XidEvent
 from exporter.sim.faults import Fault, parse_fault
-from exporter.sim.nvml import SimulatedNvml
-from exporter.sim.profiles import HardwareProfile, get_profile
+from exporter.sim.hardware.nvml import SimulatedNvml
+from exporter.sim.hardware.profiles import HardwareProfile, get_profile
 from exporter.sources.nvml import NvmlGpuSource
 
 PROFILES = ("p5.48xlarge", "p6e-gb200.36xlarge")

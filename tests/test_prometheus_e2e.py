@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from exporter.cluster.service import ClusterService, build_app, run_app
-from exporter.node.serving import MetricsServer, NodeAgent
+from exporter.node.agent import NodeAgent
+from exporter.node.serving import MetricsServer
 from exporter.sim.demo_prometheus import start_prometheus
 from tests.expositions import PROFILES, SPREAD_JOB, FaultyNode, simulated_world
 from tests.test_dashboards import DEFAULTS, load, panel_queries, substitute

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from exporter.cluster.model import ClusterModel
-from exporter.cluster.quota import (
+from exporter.cluster.quota.advisor import (
     DEMAND_ABOVE_NOMINAL,
     IDLE_QUOTA_NOT_LENT,
     NOMINAL_IDLE,
@@ -27,9 +27,9 @@ from exporter.cluster.quota import (
     fair_split,
     parse_quantity,
 )
-from exporter.cluster.quota_history import QuotaHistory
-from exporter.cluster.quota_views import quota_families, recommendations_view
-from exporter.node.exposition import encode_text
+from exporter.cluster.quota.history import QuotaHistory
+from exporter.cluster.quota.views import quota_families, recommendations_view
+from exporter.exposition import encode_text
 from exporter.sim import synthetic as s
 from tests.conftest import promtool_lint
 from tests.crds import assert_valid_kueue

@@ -18,10 +18,10 @@ import yaml
 from botocore.stub import Stubber
 from botocore.validate import validate_parameters
 
-from exporter.cluster import quota_cli
-from exporter.cluster.quota import Recommendation
-from exporter.cluster.quota_emit import merge_patch, update_input_shape
-from exporter.cluster.quota_views import recommendations_view
+from exporter.cluster.quota import cli as quota_cli
+from exporter.cluster.quota.advisor import Recommendation
+from exporter.cluster.quota.emit import merge_patch, update_input_shape
+from exporter.cluster.quota.views import recommendations_view
 from exporter.sim import synthetic as s
 from tests.crds import assert_valid_kueue
 

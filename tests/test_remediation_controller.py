@@ -21,7 +21,7 @@ import pytest
 
 from exporter.cluster.run import kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService
-from exporter.sim.apiserver import FakeApiServer, ObjectStore
+from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from healthcheck.actions.base import ActionRequest, ActionResult
 from healthcheck.actions.hyperpod import HyperPodLabeler
 from healthcheck.alerts import parse_alertmanager
@@ -430,7 +430,7 @@ def test_service_forwards_node_events_and_guards_alerts_and_reset() -> None:
 
 
 def test_remediation_metrics_pass_promtool() -> None:
-    from exporter.node.exposition import encode_text
+    from exporter.exposition import encode_text
     from tests.conftest import promtool_lint
 
     controller, _, _, _ = make()

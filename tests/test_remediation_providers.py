@@ -18,7 +18,7 @@ import pytest
 from botocore.stub import Stubber
 
 from exporter.cluster.run import kube_api_client
-from exporter.sim.apiserver import FakeApiServer, ObjectStore
+from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from healthcheck.actions.base import ActionRequest
 from healthcheck.actions.hyperpod import HyperPodLabeler
 from healthcheck.actions.kubernetes import TAINT_KEY, Cordoner

@@ -22,8 +22,8 @@ import pytest
 import urllib3
 import yaml
 
-from exporter.sim.apiserver import FakeApiServer, ObjectStore
-from exporter.sim.kueue_convert import convert, domains_from_slices
+from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
+from exporter.sim.kueue.convert import convert, domains_from_slices
 from tests.conftest import reference
 
 KUEUE = "kueue.x-k8s.io"

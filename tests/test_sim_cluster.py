@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from exporter.sim.cluster import ClusterShape, SimulatedCluster, default_shape
-from exporter.sim.kueue_objects import encode_topology_assignment
+from exporter.sim.kueue.objects import encode_topology_assignment
 from tests.conftest import reference
 from tests.crds import assert_valid_kueue
 

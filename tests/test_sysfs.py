@@ -16,8 +16,13 @@ import pytest
 
 from exporter.node.snapshot import EfaDeviceReading, EfaPortReading
 from exporter.sim.faults import Fault
-from exporter.sim.profiles import HardwareProfile, get_profile
-from exporter.sim.sysfs import SimulatedSysfs, efa_rate_text, format_cpulist, format_cpumask
+from exporter.sim.hardware.profiles import HardwareProfile, get_profile
+from exporter.sim.hardware.sysfs import (
+    SimulatedSysfs,
+    efa_rate_text,
+    format_cpulist,
+    format_cpumask,
+)
 from exporter.sources.sysfs import (
     EFA_DEVICE_COUNTERS,
     EFA_PORT_COUNTERS,

@@ -368,7 +368,7 @@ def _ec2_instance(index: int) -> dict[str, object]:
 def test_describe_instance_topology_batches_ids_and_follows_pages(aws_env: None) -> None:
     from botocore.stub import Stubber
 
-    from exporter.topology import aws
+    from exporter.sources import aws
 
     client = aws.ec2_client("us-east-1")
     ids = [f"i-{n:017x}" for n in range(1, 251)]  # 250 ids: calls of 100, 100, 50
@@ -404,7 +404,7 @@ def test_describe_instance_topology_batches_ids_and_follows_pages(aws_env: None)
 def test_describe_all_instances_pages_with_max_results(aws_env: None) -> None:
     from botocore.stub import Stubber
 
-    from exporter.topology import aws
+    from exporter.sources import aws
 
     client = aws.ec2_client("us-east-1")
     stub = Stubber(client)
@@ -426,7 +426,7 @@ def test_describe_all_instances_pages_with_max_results(aws_env: None) -> None:
 def test_hyperpod_nodes_pages_and_names_from_describe(aws_env: None) -> None:
     from botocore.stub import Stubber
 
-    from exporter.topology import aws
+    from exporter.sources import aws
 
     client = aws.sagemaker_client("us-east-1")
     stub = Stubber(client)
@@ -482,7 +482,7 @@ def test_cli_cluster_source_names_slurm_nodes_like_hyperpod(
     import boto3
     from botocore.stub import Stubber
 
-    from exporter.topology import aws
+    from exporter.sources import aws
 
     ec2 = boto3.client("ec2", region_name="us-east-1")
     sagemaker = boto3.client("sagemaker", region_name="us-east-1")
@@ -518,7 +518,7 @@ def test_cli_reports_aws_errors_without_traceback(
     import boto3
     from botocore.stub import Stubber
 
-    from exporter.topology import aws
+    from exporter.sources import aws
 
     ec2 = boto3.client("ec2", region_name="us-east-1")
     stub = Stubber(ec2)
@@ -555,7 +555,7 @@ def test_throttling_is_retried_by_botocore(aws_env: None) -> None:
 
     import boto3
 
-    from exporter.topology import aws
+    from exporter.sources import aws
 
     requests: list[bytes] = []
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from exporter.cluster.core import parse_time
 from exporter.cluster.model import KINDS, ClusterModel
+from exporter.cluster.parse.core import parse_time
 
 # The order a re-list would deliver them in: what others refer to comes first.
 _LOAD_ORDER = (

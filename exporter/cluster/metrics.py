@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from exporter.cluster.analysis import lent_by_queue
 from exporter.cluster.model import ClusterModel
-from exporter.node.exposition import COUNTER, GAUGE, HISTOGRAM, Family
+from exporter.exposition import COUNTER, GAUGE, HISTOGRAM, Family
 from exporter.topology.tree import LEVELS
 
 DOMAIN_STATES = ("allocatable", "used", "free", "unschedulable")

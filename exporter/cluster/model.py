@@ -16,17 +16,6 @@ from typing import Any
 
 from exporter.cluster import analysis
 from exporter.cluster.analysis import Locality, PendingCause
-from exporter.cluster.core import parse_event, parse_node, parse_pod
-from exporter.cluster.kueue import (
-    parse_cluster_queue,
-    parse_local_queue,
-    parse_preemption_message,
-    parse_priority_class,
-    parse_resource_flavor,
-    parse_topology,
-    parse_workload,
-    reason_for_cause,
-)
 from exporter.cluster.ledger import (
     SAME_PREEMPTION_WINDOW_S,
     PreemptionLedger,
@@ -42,6 +31,17 @@ from exporter.cluster.objects import (
     PriorityClass,
     ResourceFlavor,
     Workload,
+)
+from exporter.cluster.parse.core import parse_event, parse_node, parse_pod
+from exporter.cluster.parse.kueue import (
+    parse_cluster_queue,
+    parse_local_queue,
+    parse_preemption_message,
+    parse_priority_class,
+    parse_resource_flavor,
+    parse_topology,
+    parse_workload,
+    reason_for_cause,
 )
 from exporter.cluster.timeline import TimelineEntry, timeline_changes
 from exporter.topology.tree import TopologyTree, level_of_label_key

@@ -1,6 +1,6 @@
 """Normalized, immutable views of the Kubernetes and Kueue objects the cluster model keeps.
 
-Parsers (`exporter.cluster.kueue`, `exporter.cluster.core`) turn API dicts of any served
+Parsers (`exporter.cluster.parse.kueue`, `exporter.cluster.parse.core`) turn API dicts of any served
 version into these; the model and the analyses never look at raw dicts. Times are Unix
 seconds (float); absent values are None, never a sentinel.
 """

@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from exporter.cluster import metrics, ui, views
+from exporter.cluster import metrics, views
 from exporter.cluster.informers import InformerSet
 from exporter.cluster.model import ClusterModel
-from exporter.cluster.quota import AdvisorConfig, Recommendation, advise, fair_share_weights
-from exporter.cluster.quota_history import QuotaHistory
-from exporter.cluster.quota_views import quota_families, recommendations_view
-from exporter.node.exposition import (
+from exporter.cluster.quota.advisor import AdvisorConfig, Recommendation, advise, fair_share_weights
+from exporter.cluster.quota.history import QuotaHistory
+from exporter.cluster.quota.views import quota_families, recommendations_view
+from exporter.cluster.ui import pages as ui
+from exporter.exposition import (
     COUNTER,
     GAUGE,
     OPENMETRICS_CONTENT_TYPE,

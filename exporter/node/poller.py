@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
-from exporter.compat import dcgm, efa
+from exporter.exposition import Exposition, Family
 from exporter.node.affinity import compute_affinity
-from exporter.node.exposition import Family
+from exporter.node.compat import dcgm, efa
 from exporter.node.render import render
-from exporter.node.serving import Exposition
 from exporter.node.snapshot import (
     CollectorStatus,
     EfaDeviceReading,
@@ -30,7 +29,6 @@ from exporter.node.snapshot import (
     PodRef,
 )
 from exporter.node.xid import XidLedger
-from exporter.sim.profiles import nvml_to_sysfs_address
 from exporter.sources import sysfs
 from exporter.sources.interfaces import (
     GpuSource,
@@ -38,6 +36,7 @@ from exporter.sources.interfaces import (
     PodResourcesSource,
     SourceError,
 )
+from exporter.sources.pci import nvml_to_sysfs_address
 
 if TYPE_CHECKING:
     from healthcheck.monitor import HealthMonitor

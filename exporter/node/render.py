@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from exporter.exposition import COUNTER, GAUGE, INFO, Family, escape_label_value
 from exporter.node import xid as xid_catalog
-from exporter.node.exposition import COUNTER, GAUGE, INFO, Family, escape_label_value
 from exporter.node.snapshot import GpuReading, NodeSnapshot, NvLinkReading, PodRef
 
 NO_POD = PodRef("", "", "")

@@ -1,127 +1,50 @@
-"""Serve the last rendered exposition; poll in a background thread.
+"""Serve the last rendered exposition over HTTP: /metrics, /healthz, /readyz.
 
 A scrape never touches NVML or sysfs: it picks the current `Exposition` (an immutable pair of
-byte strings swapped in by the poll thread) and writes it. Gzip is computed at most once per
-format per poll, on the first scrape that asks for it.
+byte strings swapped in by the poll thread) and writes it. The server knows only "something that
+gives me the latest bytes" (`Published`); who polls, and how, is `exporter.node.agent`'s business.
 """
 
 from __future__ import annotations
 
-import gzip
 import logging
 import signal
 import socket
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from exporter.node.exposition import (
+from exporter.exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
-    Family,
-    encode_openmetrics,
-    encode_text,
+    Exposition,
     wants_openmetrics,
 )
-
-if TYPE_CHECKING:
-    from exporter.node.poller import Poller
-    from exporter.node.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Exposition:
-    text: bytes
-    openmetrics: bytes
-    _gzipped: dict[bool, bytes] = field(default_factory=dict, compare=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
-
-    @classmethod
-    def build(cls, families: Iterable[Family]) -> Exposition:
-        fams = list(families)
-        return cls(text=encode_text(fams), openmetrics=encode_openmetrics(fams))
-
-    def body(self, openmetrics: bool, use_gzip: bool) -> bytes:
-        raw = self.openmetrics if openmetrics else self.text
-        if not use_gzip:
-            return raw
-        with self._lock:
-            packed = self._gzipped.get(openmetrics)
-            if packed is None:
-                packed = self._gzipped[openmetrics] = gzip.compress(raw, compresslevel=1)
-            return packed
-
-
-EMPTY = Exposition(text=b"", openmetrics=b"# EOF\n")
-
-
-class NodeAgent:
-    """Owns the poll thread and the current exposition; the HTTP server reads from it."""
-
-    def __init__(
-        self,
-        poller: Poller,
-        interval: float,
-        on_snapshot: Callable[[NodeSnapshot], None] | None = None,
-    ) -> None:
-        self.poller = poller
-        self.interval = interval
-        self.on_snapshot = on_snapshot
-        self.current: Exposition = EMPTY
-        self.last_poll_monotonic: float | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def poll_once(self) -> NodeSnapshot:
-        snapshot, exposition = self.poller.poll()
-        self.current = exposition  # one reference swap: scrapes see old or new, never a mix
-        self.last_poll_monotonic = time.monotonic()
-        if self.on_snapshot is not None:
-            try:
-                self.on_snapshot(snapshot)
-            except Exception:
-                log.exception("snapshot subscriber failed")
-        return snapshot
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="topowatch-poll", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                self.poll_once()
-            except Exception:  # never let the loop die; the stale-poll check will tell
-                log.exception("poll failed")
-            next_at += self.interval
-            delay = next_at - time.monotonic()
-            if delay < 0:  # fell behind (slow NVML): skip missed ticks rather than burst
-                next_at = time.monotonic()
-                delay = 0
-            self._stop.wait(delay)
+class Published(Protocol):
+    """What the server needs from whatever produces expositions: the latest bytes and whether
+    they are fresh. The node agent's poll loop is one; a test can pass anything with these."""
 
     @property
-    def ready(self) -> bool:
-        return self.last_poll_monotonic is not None
+    def current(self) -> Exposition: ...
 
     @property
-    def healthy(self) -> bool:
-        """Alive as long as polls keep coming; a wedged poll thread fails the liveness probe."""
-        if self.last_poll_monotonic is None:
-            return self._thread is not None and self._thread.is_alive()
-        return time.monotonic() - self.last_poll_monotonic < 3 * self.interval + 30
+    def ready(self) -> bool: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+
+class Startable(Protocol):
+    """A background producer `serve` runs for as long as it serves."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 class _MetricsHandler(BaseHTTPRequestHandler):
@@ -171,7 +94,7 @@ class MetricsServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, agent: NodeAgent, host: str, port: int) -> None:
+    def __init__(self, agent: Published, host: str, port: int) -> None:
         self.agent = agent
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), _MetricsHandler)
@@ -190,7 +113,11 @@ class MetricsServer(ThreadingHTTPServer):
             log.warning("error serving %s", client_address, exc_info=True)
 
 
-def serve(agent: NodeAgent, host: str, port: int) -> None:
+class _Served(Published, Startable, Protocol):
+    pass
+
+
+def serve(agent: _Served, host: str, port: int) -> None:
     """Serve until SIGTERM or SIGINT, polling in the background meanwhile."""
     server = MetricsServer(agent, host, port)
     log.info("serving metrics on http://%s:%d/metrics", host, server.port)

@@ -22,12 +22,12 @@ import re
 import uuid
 
 from exporter.sim import hyperpod_layout as layout
-from exporter.sim import kueue_objects as ko
-from exporter.sim import kueue_status as ks
-from exporter.sim.api_output import ApiOutput, ClusterWriter
 from exporter.sim.hyperpod_layout import ClusterShape, SimNode, default_shape
 from exporter.sim.job_arrivals import JobArrivals, JobRequest
-from exporter.sim.kueue_scheduler import (
+from exporter.sim.kueue import objects as ko
+from exporter.sim.kueue import status as ks
+from exporter.sim.kueue.output import ApiOutput, ClusterWriter
+from exporter.sim.kueue.scheduler import (
     Admit,
     ClusterState,
     Demand,

@@ -12,14 +12,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from exporter.node.agent import NodeAgent
 from exporter.node.poller import NodeSources, Poller
-from exporter.node.serving import MetricsServer, NodeAgent
+from exporter.node.serving import MetricsServer
 from exporter.node.snapshot import NodeSnapshot, PodRef
-from exporter.sim.apiserver import FakeApiServer, ObjectStore
 from exporter.sim.cluster import ClusterShape, SimulatedCluster, default_shape
 from exporter.sim.faults import Fault
-from exporter.sim.node import SimulatedNode
-from exporter.sim.profiles import get_profile
+from exporter.sim.hardware.node import SimulatedNode
+from exporter.sim.hardware.profiles import get_profile
+from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from exporter.sources.kubeapi import KubeApi
 from healthcheck.config import HealthConfig
 from healthcheck.monitor import HealthMonitor

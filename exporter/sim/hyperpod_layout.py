@@ -16,7 +16,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporter.sim.kueue_scheduler import HOSTNAME, FlavorSpec, Mode, QueuePolicy, Quota
+from exporter.sim.kueue.scheduler import HOSTNAME, FlavorSpec, Mode, QueuePolicy, Quota
 from exporter.topology.labels import (
     HEALTH_STATUS_KEY,
     INSTANCE_TYPE_KEY,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from exporter.node.snapshot import EfaDeviceReading, EfaPortReading, NumaNodeReading
-from exporter.sim.profiles import nvml_to_sysfs_address
+from exporter.sources.pci import nvml_to_sysfs_address
 
 StrPath = str | os.PathLike[str]
 

@@ -28,7 +28,7 @@ from exporter.topology.ec2 import (
 from exporter.topology.writers import FORMATS, render
 
 if TYPE_CHECKING:  # boto3 adds ~24 MiB of RSS: only the `topology` commands load it
-    from exporter.topology.aws import ClusterNode
+    from exporter.sources.aws import ClusterNode
 
 __all__ = [
     "add_topology_parser",
@@ -125,7 +125,7 @@ def add_topology_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 def load_topology(args: argparse.Namespace) -> Topology:
     """The topology and node names the flags ask for. Raises TopologyInputError, AWS errors."""
-    from exporter.topology import aws
+    from exporter.sources import aws
 
     cluster_nodes: list[ClusterNode] | None = None
 

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.sim.faults import Fault
-from exporter.sim.profiles import EfaSpec, HardwareProfile, simulated_processes
+from exporter.sim.hardware.profiles import EfaSpec, HardwareProfile, simulated_processes
 from exporter.sources.sysfs import EFA_DEVICE_COUNTERS, EFA_PORT_COUNTERS
 
 HANDLED_FAULTS = frozenset({"efa-missing", "efa-unresponsive", "rootfs-ro"})

@@ -8,7 +8,7 @@ treats the same (`rate()` works) and which lints clean.
 
 from __future__ import annotations
 
-from exporter.node.exposition import UNTYPED, Family, escape_label_value
+from exporter.exposition import UNTYPED, Family, escape_label_value
 from exporter.node.snapshot import NodeSnapshot
 
 

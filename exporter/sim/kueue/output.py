@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from exporter.sim import kueue_objects as ko
+from exporter.sim.kueue import objects as ko
 
 EVENT_TTL_S = 3600.0  # kube-apiserver --event-ttl default
 Obj = dict[str, Any]

@@ -25,11 +25,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from exporter.cluster.core import parse_quantity as core_parse_quantity
 from exporter.cluster.metrics import team_of
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import ClusterQueue, FlavorQuota, Node
-from exporter.cluster.quota_history import JobShape, QueueSummary, QuotaHistory
+from exporter.cluster.parse.core import parse_quantity as core_parse_quantity
+from exporter.cluster.quota.history import JobShape, QueueSummary, QuotaHistory
 from exporter.topology.labels import INSTANCE_TYPE_KEY, LAYER_KEYS
 from exporter.topology.tree import level_of_label_key
 

@@ -9,7 +9,9 @@ OpenMetrics parser.
 
 from __future__ import annotations
 
+import gzip
 import math
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -131,3 +133,33 @@ def wants_openmetrics(accept: str | None) -> bool:
         if media == "application/openmetrics-text":
             return True
     return False
+
+
+@dataclass(frozen=True)
+class Exposition:
+    """One poll's rendered bytes in both formats: what a server hands to every scrape until the
+    next poll swaps in a new one. Gzip is computed at most once per format, on the first scrape
+    that asks for it."""
+
+    text: bytes
+    openmetrics: bytes
+    _gzipped: dict[bool, bytes] = field(default_factory=dict, compare=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    @classmethod
+    def build(cls, families: Iterable[Family]) -> Exposition:
+        fams = list(families)
+        return cls(text=encode_text(fams), openmetrics=encode_openmetrics(fams))
+
+    def body(self, openmetrics: bool, use_gzip: bool) -> bytes:
+        raw = self.openmetrics if openmetrics else self.text
+        if not use_gzip:
+            return raw
+        with self._lock:
+            packed = self._gzipped.get(openmetrics)
+            if packed is None:
+                packed = self._gzipped[openmetrics] = gzip.compress(raw, compresslevel=1)
+            return packed
+
+
+EMPTY = Exposition(text=b"", openmetrics=b"# EOF\n")

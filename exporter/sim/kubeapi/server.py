@@ -2,7 +2,7 @@
 
 No kube-apiserver can run here, yet the cluster service must be tested with the official
 `kubernetes` client against real HTTP, and the demo must feed the production informers.
-`ObjectStore` (exporter.sim.kube_store, re-exported here) keeps objects with one global,
+`ObjectStore` (exporter.sim.kubeapi.store, re-exported here) keeps objects with one global,
 monotonically increasing resourceVersion and a bounded watch history per resource;
 `FakeApiServer` serves it on loopback with the documented semantics (Kubernetes API
 concepts, "efficient detection of changes"):
@@ -45,16 +45,15 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
-from exporter.sim import kueue_convert
-from exporter.sim.kube_patch import PatchError, json_patch, merge_patch
-from exporter.sim.kube_selectors import (
+from exporter.sim.kubeapi.patch import PatchError, json_patch, merge_patch
+from exporter.sim.kubeapi.selectors import (
     FieldSelector,
     LabelSelector,
     SelectorError,
     parse_field_selector,
     parse_label_selector,
 )
-from exporter.sim.kube_store import (
+from exporter.sim.kubeapi.store import (
     CORE_RESOURCES,
     KUEUE_RESOURCES,
     ConflictError,
@@ -70,6 +69,7 @@ from exporter.sim.kube_store import (
     StoredEvent,
     TooLargeError,
 )
+from exporter.sim.kueue import convert as kueue_convert
 
 log = logging.getLogger(__name__)
 

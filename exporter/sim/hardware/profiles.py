@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter.sources.pci import nvml_to_sysfs_address
+
 GIB = 1024**3
 
 
@@ -77,12 +79,6 @@ class HardwareProfile:
     def nearest_efa(self, gpu_index: int) -> tuple[str, ...]:
         switch = self.gpus[gpu_index].switch
         return tuple(e.name for e in self.efa if e.switch == switch)
-
-
-def nvml_to_sysfs_address(pci_bus_id: str) -> str:
-    """NVML's 8-hex-digit domain form to the kernel's 4-digit lower-case form."""
-    domain, rest = pci_bus_id.split(":", 1)
-    return f"{int(domain, 16):04x}:{rest.lower()}"
 
 
 def efa_name(bus: int, slot: int) -> str:

@@ -17,24 +17,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from exporter.cluster.core import (
-    JOB_UID_LABEL,
-    QUEUE_NAME_LABEL,
-    controlling_owner,
-    flag,
-    gpu_count,
-    integer,
-    items,
-    mapping,
-    object_parts,
-    parse_quantity,
-    parse_time,
-    pod_spec_gpus,
-    report,
-    string_map,
-    text,
-    type_name,
-)
 from exporter.cluster.objects import (
     GPU_RESOURCE,
     ClusterQueue,
@@ -51,6 +33,24 @@ from exporter.cluster.objects import (
     TopologyMode,
     TopologyRequest,
     Workload,
+)
+from exporter.cluster.parse.core import (
+    JOB_UID_LABEL,
+    QUEUE_NAME_LABEL,
+    controlling_owner,
+    flag,
+    gpu_count,
+    integer,
+    items,
+    mapping,
+    object_parts,
+    parse_quantity,
+    parse_time,
+    pod_spec_gpus,
+    report,
+    string_map,
+    text,
+    type_name,
 )
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from exporter.sim.kueue_scheduler import GPU, HOSTNAME, Mode, Quota
+from exporter.sim.kueue.scheduler import GPU, HOSTNAME, Mode, Quota
 from exporter.topology.labels import HEALTH_STATUS_KEY
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from exporter.node.exposition import GAUGE, UNTYPED, Family, escape_label_value
+from exporter.exposition import GAUGE, UNTYPED, Family, escape_label_value
 from exporter.node.render import NO_POD, profiling_ratio
 from exporter.node.snapshot import GpuReading, NodeSnapshot
 

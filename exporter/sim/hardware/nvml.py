@@ -37,7 +37,7 @@ from typing import Any
 import pynvml
 
 from exporter.sim.faults import Fault
-from exporter.sim.profiles import HardwareProfile, simulated_processes
+from exporter.sim.hardware.profiles import HardwareProfile, simulated_processes
 
 MIB = 1024**2
 UPTIME_AT_START_S = 3 * 86400.0  # counters run from a driver load three days before sim start

@@ -19,8 +19,8 @@ from typing import Any
 
 from exporter.cluster.explain import DumpError, load_dump_objects, model_from_objects
 from exporter.cluster.objects import ClusterQueue
-from exporter.cluster.quota import AdvisorConfig, Recommendation, advise, fair_share_weights
-from exporter.cluster.quota_emit import (
+from exporter.cluster.quota.advisor import AdvisorConfig, Recommendation, advise, fair_share_weights
+from exporter.cluster.quota.emit import (
     QuotaRef,
     QuotaRefError,
     hyperpod_requests,
@@ -28,8 +28,8 @@ from exporter.cluster.quota_emit import (
     load_quota_refs,
     refs_from_summaries,
 )
-from exporter.cluster.quota_history import QuotaHistory
-from exporter.cluster.quota_views import recommendation_from_view, recommendations_view
+from exporter.cluster.quota.history import QuotaHistory
+from exporter.cluster.quota.views import recommendation_from_view, recommendations_view
 
 PROG = "topowatch quota advise"
 RECOMMENDATIONS_PATH = "/api/v1/quota/recommendations"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from exporter.cluster.objects import GPU_RESOURCE, ClusterQueue
-from exporter.cluster.quota import Recommendation, parse_quantity
+from exporter.cluster.quota.advisor import Recommendation, parse_quantity
 
 if TYPE_CHECKING:
     from botocore.model import StructureShape

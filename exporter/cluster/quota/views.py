@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from exporter.cluster.model import ClusterModel
-from exporter.cluster.quota import KINDS, REASONS, Recommendation
-from exporter.node.exposition import GAUGE, Family
+from exporter.cluster.quota.advisor import KINDS, REASONS, Recommendation
+from exporter.exposition import GAUGE, Family
 
 
 def recommendations_view(recs: Iterable[Recommendation]) -> list[dict[str, Any]]:

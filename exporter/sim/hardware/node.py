@@ -16,9 +16,9 @@ from pathlib import Path
 from exporter.node.poller import NodeSources
 from exporter.node.snapshot import PodRef
 from exporter.sim.faults import EFA_FAULTS, Fault, FaultSpecError
-from exporter.sim.nvml import SimulatedNvml
-from exporter.sim.profiles import HardwareProfile
-from exporter.sim.sysfs import SimulatedSysfs
+from exporter.sim.hardware.nvml import SimulatedNvml
+from exporter.sim.hardware.profiles import HardwareProfile
+from exporter.sim.hardware.sysfs import SimulatedSysfs
 from exporter.sources.kube import StaticNodeLabels
 from exporter.sources.nvml import NvmlGpuSource
 from exporter.sources.podresources import StaticPodResources

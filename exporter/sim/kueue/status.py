@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from exporter.sim.kueue_objects import SimWorkload, admission_manifest, set_condition
-from exporter.sim.kueue_scheduler import PreemptionReason
+from exporter.sim.kueue.objects import SimWorkload, admission_manifest, set_condition
+from exporter.sim.kueue.scheduler import PreemptionReason
 
 HUMAN_REASON: dict[PreemptionReason, str] = {  # preemption.go HumanReadablePreemptionReasons
     "InClusterQueue": "prioritization in the ClusterQueue",

@@ -16,7 +16,7 @@ from exporter.cluster import views
 from exporter.cluster.explain import explain_text
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import Node, Pod
-from exporter.cluster.ui_svg import (
+from exporter.cluster.ui.svg import (
     GpuSlot,
     NodeTile,
     TopologyPicture,

@@ -1,0 +1,80 @@
+"""The node agent's poll loop: one background thread that polls every `interval` seconds and
+swaps the new exposition in with one reference assignment, so a scrape sees the old or the new
+bytes, never a mix. The HTTP server reads `current`, `ready` and `healthy` and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from exporter.exposition import EMPTY, Exposition
+from exporter.node.poller import Poller
+from exporter.node.snapshot import NodeSnapshot
+
+log = logging.getLogger(__name__)
+
+
+class NodeAgent:
+    """Owns the poll thread and the current exposition; the HTTP server reads from it."""
+
+    def __init__(
+        self,
+        poller: Poller,
+        interval: float,
+        on_snapshot: Callable[[NodeSnapshot], None] | None = None,
+    ) -> None:
+        self.poller = poller
+        self.interval = interval
+        self.on_snapshot = on_snapshot
+        self.current: Exposition = EMPTY
+        self.last_poll_monotonic: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll_once(self) -> NodeSnapshot:
+        snapshot, exposition = self.poller.poll()
+        self.current = exposition  # one reference swap: scrapes see old or new, never a mix
+        self.last_poll_monotonic = time.monotonic()
+        if self.on_snapshot is not None:
+            try:
+                self.on_snapshot(snapshot)
+            except Exception:
+                log.exception("snapshot subscriber failed")
+        return snapshot
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="topowatch-poll", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:  # never let the loop die; the stale-poll check will tell
+                log.exception("poll failed")
+            next_at += self.interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (slow NVML): skip missed ticks rather than burst
+                next_at = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+    @property
+    def ready(self) -> bool:
+        return self.last_poll_monotonic is not None
+
+    @property
+    def healthy(self) -> bool:
+        """Alive as long as polls keep coming; a wedged poll thread fails the liveness probe."""
+        if self.last_poll_monotonic is None:
+            return self._thread is not None and self._thread.is_alive()
+        return time.monotonic() - self.last_poll_monotonic < 3 * self.interval + 30
