@@ -28,11 +28,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks._procs import child, exit_on_sigterm  # noqa: E402
 from exporter.exposition import COUNTER, INFO, UNTYPED, encode_text  # noqa: E402
 from exporter.node.poller import Poller  # noqa: E402
 from exporter.sim.hardware.node import SimulatedNode  # noqa: E402
@@ -203,8 +205,8 @@ def bench_render(poller: Poller, snapshot: object) -> None:
     )
 
 
-def start_agent(sim_root: Path, port: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+def start_agent(sim_root: Path, port: int) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    return child(
         [
             str(REPO / ".venv/bin/topowatch"),
             "--log-level",
@@ -223,8 +225,10 @@ def start_agent(sim_root: Path, port: int) -> subprocess.Popen[bytes]:
     )
 
 
-def start_node_exporter(sim_root: Path, port: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+def start_node_exporter(
+    sim_root: Path, port: int
+) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    return child(
         [
             NODE_EXPORTER,
             f"--path.sysfs={sim_root / 'sys'}",
@@ -243,11 +247,14 @@ def bench_scrapes(scrapes: int, clients: int, steady_seconds: float) -> None:
     with tempfile.TemporaryDirectory(prefix="topowatch-bench-") as tmp:
         sim_root = Path(tmp)
         agent_port, ne_port = free_port(), free_port()
-        agent = start_agent(sim_root, agent_port)
-        try:
+        with start_agent(sim_root, agent_port) as agent:
             wait_http(agent_port, "/readyz")
-            ne = start_node_exporter(sim_root, ne_port) if os.path.exists(NODE_EXPORTER) else None
-            try:
+            with ExitStack() as stack:
+                ne = (
+                    stack.enter_context(start_node_exporter(sim_root, ne_port))
+                    if os.path.exists(NODE_EXPORTER)
+                    else None
+                )
                 results = {}
                 for name, port in (("topowatch", agent_port), ("node_exporter", ne_port)):
                     if name == "node_exporter":
@@ -270,15 +277,8 @@ def bench_scrapes(scrapes: int, clients: int, steady_seconds: float) -> None:
                         f"   p50 {pct(a, 0.5) / pct(b, 0.5):.2f}"
                         f"   p99 {pct(a, 0.99) / pct(b, 0.99):.2f}   (goal <= 1.0)"
                     )
-            finally:
-                if ne is not None:
-                    ne.terminate()
-                    ne.wait(5)
             steady(agent, agent_port, steady_seconds)
             bench_production_rss(sim_root)
-        finally:
-            agent.terminate()
-            agent.wait(10)
 
 
 def steady(agent: subprocess.Popen[bytes], port: int, seconds: float) -> None:
@@ -315,7 +315,7 @@ def bench_production_rss(sim_root: Path) -> None:
     """RSS of the agent as it runs on a real node (no simulation imported): NVML (absent
     here), sysfs, the kubelet client and the Kubernetes client, serving."""
     port = free_port()
-    proc = subprocess.Popen(
+    with child(
         [
             str(REPO / ".venv/bin/topowatch"),
             "--log-level",
@@ -334,8 +334,7 @@ def bench_production_rss(sim_root: Path) -> None:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )
-    try:
+    ) as proc:
         wait_http(port, "/readyz")
         scrape_latencies(port, 20, 1)
         time.sleep(1)
@@ -343,9 +342,6 @@ def bench_production_rss(sim_root: Path) -> None:
             f"RSS, production mode          {proc_rss_mib(proc.pid):.1f} MiB (no simulation loaded;"
             " EFA/NUMA from the simulated tree, no GPU on this machine)"
         )
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def main() -> None:
@@ -357,6 +353,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--steady-seconds", type=float, default=60.0)
     args = parser.parse_args()
+    exit_on_sigterm()  # so that a SIGTERM'd run stops its agents too (see benchmarks/_procs.py)
     print(f"topowatch node agent on the {PROFILE} simulation ({os.cpu_count()} CPUs)")
     bench_poll(args.polls)
     bench_scrapes(args.scrapes, args.clients, args.steady_seconds)

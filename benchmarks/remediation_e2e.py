@@ -22,11 +22,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._procs import exit_on_sigterm
 from exporter.cluster.run import controller_from_mapping, kube_api_client, serve_cluster
-from exporter.node.snapshot import NodeSnapshot
 from exporter.sim.cluster import ClusterShape
 from exporter.sim.environment import NodeAgentFleet, SimulatedEnvironment
 from exporter.sim.faults import parse_fault
+from exporter.snapshot import NodeSnapshot
 from healthcheck.actions.hyperpod import HyperPodLabeler
 from healthcheck.monitor import HealthMonitor
 
@@ -74,48 +75,56 @@ def main() -> None:
         arrivals_per_minute=0.0,
         initial_workloads=0,
     )
+    exit_on_sigterm()  # SIGTERM, like Ctrl-C, runs the `finally` below
     env = SimulatedEnvironment(seed=0, shape=shape).start()
-    names = [n.name for n in env.cluster.nodes()]
-    sick = names[:: max(1, len(names) // args.sick)][: args.sick]
-    faults = [parse_fault(f"node={n}:xid=79@gpu0") for n in sick]
-    fleet = NodeAgentFleet(env, interval=args.interval, faults=faults, report_url=env.url)
-    client = kube_api_client(env.url)
-    controller = controller_from_mapping(
-        {
-            "mode": "act",
-            "providers": ["hyperpod"],
-            "budget": {"nodes": len(names)},
-            "breaker": {"threshold": len(names)},
-        },
-        client,
-    )
+    fleet: NodeAgentFleet | None = None
     stop = asyncio.Event()
     loops: list[asyncio.AbstractEventLoop] = []
+    server: threading.Thread | None = None
+    try:
+        names = [n.name for n in env.cluster.nodes()]
+        sick = names[:: max(1, len(names) // args.sick)][: args.sick]
+        faults = [parse_fault(f"node={n}:xid=79@gpu0") for n in sick]
+        fleet = NodeAgentFleet(env, interval=args.interval, faults=faults, report_url=env.url)
+        client = kube_api_client(env.url)
+        controller = controller_from_mapping(
+            {
+                "mode": "act",
+                "providers": ["hyperpod"],
+                "budget": {"nodes": len(names)},
+                "breaker": {"threshold": len(names)},
+            },
+            client,
+        )
 
-    def started(_port: int, _service: Any) -> None:
-        loops.append(asyncio.get_running_loop())
+        def started(_port: int, _service: Any) -> None:
+            loops.append(asyncio.get_running_loop())
 
-    server = threading.Thread(
-        target=serve_cluster,
-        args=(client, "127.0.0.1", 0),
-        kwargs={"on_started": started, "stop": stop, "controller": controller},
-        daemon=True,
-    )
-    server.start()
-    while not loops:
-        time.sleep(0.05)
-    time.sleep(2.0)  # let the informers sync before the first fault shows
-    fleet.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with lock:
-            if all(n in called for n in sick):
-                break
-        time.sleep(0.1)
-    loops[0].call_soon_threadsafe(stop.set)
-    server.join(10)
-    fleet.close()
-    env.stop()
+        server = threading.Thread(
+            target=serve_cluster,
+            args=(client, "127.0.0.1", 0),
+            kwargs={"on_started": started, "stop": stop, "controller": controller},
+            daemon=True,
+        )
+        server.start()
+        while not loops:
+            time.sleep(0.05)
+        time.sleep(2.0)  # let the informers sync before the first fault shows
+        fleet.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with lock:
+                if all(n in called for n in sick):
+                    break
+            time.sleep(0.1)
+    finally:  # also on Ctrl-C: the simulated nodes' files in /dev/shm would outlive the run
+        if loops:
+            loops[0].call_soon_threadsafe(stop.set)
+        if server is not None:
+            server.join(10)
+        if fleet is not None:
+            fleet.close()
+        env.stop()
     with lock:
         latencies = sorted(
             (called[n] - detected[n]) * 1000 for n in sick if n in called and n in detected

@@ -1,0 +1,1 @@
+"""topowatch: the node agent, the cluster service, their sources, topology and simulation."""

@@ -16,8 +16,6 @@ from exporter.cluster.quota.cli import add_quota_parser
 from exporter.node.agent import NodeAgent
 from exporter.node.poller import COMPAT_MODES, NodeSources, Poller
 from exporter.node.serving import serve
-from exporter.sim.faults import FaultSpecError, parse_faults
-from exporter.sim.hardware.profiles import PROFILES, get_profile
 from exporter.topology.cli import add_topology_parser
 from healthcheck.config import ConfigError, HealthConfig, load_config
 from healthcheck.monitor import HealthMonitor
@@ -30,6 +28,9 @@ log = logging.getLogger("topowatch")
 DEFAULT_NODE_PORT = 9402
 DEFAULT_CLUSTER_PORT = 9403
 ONCE_SETTLE_SECONDS = 1.0
+# Named here rather than read from exporter.sim, so that a node agent on real hardware never
+# loads the simulation; tests/test_cli.py checks the list against the simulation's profiles.
+SIMULATED_PROFILES = ("p5.48xlarge", "p6e-gb200.36xlarge")
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Poll NVML, sysfs, the kubelet and the node's labels; serve /metrics.",
     )
     node.add_argument(
-        "--simulate", metavar="PROFILE", help=f"simulated hardware: {', '.join(sorted(PROFILES))}"
+        "--simulate", metavar="PROFILE", help=f"simulated hardware: {', '.join(SIMULATED_PROFILES)}"
     )
     node.add_argument(
         "--fault",
@@ -316,6 +317,7 @@ def run_explain(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     from exporter.sim.demo import run_demo as demo
+    from exporter.sim.faults import FaultSpecError, parse_faults
 
     host, port = args.listen
     try:
@@ -405,7 +407,9 @@ def run_node(args: argparse.Namespace) -> int:
         return 2
     sim = None
     if args.simulate:
+        from exporter.sim.faults import FaultSpecError, parse_faults
         from exporter.sim.hardware.node import SimulatedNode
+        from exporter.sim.hardware.profiles import get_profile
 
         try:
             sim = SimulatedNode(

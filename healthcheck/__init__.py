@@ -1,0 +1,1 @@
+"""Health: pure checks on a node snapshot, damping, remediation policy, controller, providers."""

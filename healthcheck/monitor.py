@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exporter.exposition import COUNTER, GAUGE, Family
-from exporter.node.snapshot import NodeSnapshot
+from exporter.snapshot import NodeSnapshot
 from healthcheck.checks import FAMILIES, Check, History, run_check_families
 from healthcheck.checks.base import collector_ok
 from healthcheck.checks.xid_memory import XidMemory, remember

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.node.snapshot import (
+from exporter.snapshot import (
     CollectorStatus,
     GpuInventory,
     NodeSnapshot,

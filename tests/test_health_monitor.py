@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.node.poller import Poller
-from exporter.node.snapshot import NodeSnapshot
+from exporter.snapshot import NodeSnapshot
 from healthcheck.checks import FAMILIES, History
 from healthcheck.config import HealthConfig, config_from_mapping
 from healthcheck.damping import Damper

@@ -244,7 +244,7 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def wait_for(condition: Callable[[], object], timeout: float = 2.0) -> None:
+def wait_for(condition: Callable[[], object], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -271,7 +271,7 @@ def make_watcher(server: FakeApiServer) -> Iterator[WatcherFactory]:
             "refresh_seconds": 0.3,
             "initial_backoff_seconds": 0.05,
             "max_backoff_seconds": 0.2,
-            "request_timeout_seconds": 2.0,
+            "request_timeout_seconds": 10.0,  # a loaded machine must not fail a plain GET
         }
         options.update(kwargs)
         watcher = NodeLabelsWatcher(node, api=KubeApi(host=server.host), **options)
@@ -287,7 +287,7 @@ def test_reads_labels_then_watches_from_their_version(
     server: FakeApiServer, make_watcher: WatcherFactory
 ) -> None:
     watcher = make_watcher()
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     assert watcher.labels() == LABELS
     wait_for(lambda: server.open_watches == 1)
     request = server.watch_requests[0]
@@ -302,23 +302,23 @@ def test_reads_labels_then_watches_from_their_version(
 
 def test_labels_are_copies(server: FakeApiServer, make_watcher: WatcherFactory) -> None:
     watcher = make_watcher()
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     labels = watcher.labels()
     assert isinstance(labels, dict)
     labels.clear()
     assert watcher.labels() == LABELS
 
 
-def test_modified_event_shows_up_within_a_second(
+def test_modified_event_shows_up_through_the_watch(
     server: FakeApiServer, make_watcher: WatcherFactory
 ) -> None:
     watcher = make_watcher(refresh_seconds=60.0)  # only the watch can deliver it in time
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     wait_for(lambda: server.open_watches == 1)
     gets = server.gets
     moved = {**LABELS, LAYER2: "nn-ccc"}
     server.set_labels(moved)
-    wait_for(lambda: watcher.labels() == moved, timeout=1.0)
+    wait_for(lambda: watcher.labels() == moved)
     assert server.gets == gets  # no GET was needed
 
 
@@ -326,9 +326,9 @@ def test_server_ending_the_watch_resumes_from_last_version(
     server: FakeApiServer, make_watcher: WatcherFactory
 ) -> None:
     watcher = make_watcher(watch_timeout_seconds=1)
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     server.set_labels({**LABELS, LAYER1: "nn-new"})
-    wait_for(lambda: len(server.watch_requests) >= 2, timeout=3.0)
+    wait_for(lambda: len(server.watch_requests) >= 2)
     assert server.watch_requests[1]["resourceVersion"] == "101"
     assert server.gets == 1
     assert watcher.drain_errors() == []
@@ -338,7 +338,7 @@ def test_server_error_keeps_last_labels_and_counts(
     server: FakeApiServer, make_watcher: WatcherFactory
 ) -> None:
     watcher = make_watcher()
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     wait_for(lambda: server.open_watches == 1)
     server.get_status = server.watch_status = 500
     server.push(_END)  # the open watch ends; re-watching and re-reading now fail
@@ -360,7 +360,7 @@ def test_unreachable_server_keeps_last_labels_then_recovers(
     server: FakeApiServer, make_watcher: WatcherFactory
 ) -> None:
     watcher = make_watcher()
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     wait_for(lambda: server.open_watches == 1)
     server.stop()
     wait_for(lambda: watcher.errors_total >= 2)
@@ -370,13 +370,13 @@ def test_unreachable_server_keeps_last_labels_then_recovers(
     moved = {**LABELS, LAYER1: "nn-after-restart"}
     server.set_labels(moved, notify=False)
     server.start()  # same port
-    wait_for(lambda: watcher.labels() == moved, timeout=3.0)
+    wait_for(lambda: watcher.labels() == moved)
     wait_for(lambda: server.open_watches == 1)
 
 
 def test_node_not_found(server: FakeApiServer, make_watcher: WatcherFactory) -> None:
     watcher = make_watcher("no-such-node")
-    assert not watcher.wait_ready(2.0)
+    assert not watcher.wait_ready(10.0)
     with pytest.raises(SourceError) as info:
         watcher.labels()
     assert info.value.reason == "not_found"
@@ -388,7 +388,7 @@ def test_node_deleted_keeps_labels_and_reports_not_found(
     server: FakeApiServer, make_watcher: WatcherFactory
 ) -> None:
     watcher = make_watcher()
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     wait_for(lambda: server.open_watches == 1)
     server.exists = False
     server.push({"type": "DELETED", "object": server.node_object()})
@@ -399,7 +399,7 @@ def test_node_deleted_keeps_labels_and_reports_not_found(
 def test_forbidden_before_any_read(server: FakeApiServer, make_watcher: WatcherFactory) -> None:
     server.get_status = 403
     watcher = make_watcher()
-    assert not watcher.wait_ready(2.0)
+    assert not watcher.wait_ready(10.0)
     with pytest.raises(SourceError) as info:
         watcher.labels()
     assert info.value.reason == "forbidden"
@@ -407,7 +407,7 @@ def test_forbidden_before_any_read(server: FakeApiServer, make_watcher: WatcherF
 
 def test_gone_relists_and_continues(server: FakeApiServer, make_watcher: WatcherFactory) -> None:
     watcher = make_watcher(refresh_seconds=60.0)
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     wait_for(lambda: server.open_watches == 1)
     moved = {**LABELS, LAYER2: "nn-missed"}
     server.set_labels(moved, notify=False)  # a change the watch never delivers
@@ -421,13 +421,13 @@ def test_gone_relists_and_continues(server: FakeApiServer, make_watcher: Watcher
 
     after = {**moved, LAYER1: "nn-later"}
     server.set_labels(after)
-    wait_for(lambda: watcher.labels() == after, timeout=1.0)
+    wait_for(lambda: watcher.labels() == after)  # through the watch: the refresh is 60 s
 
 
 def test_gone_on_a_fresh_watch(server: FakeApiServer, make_watcher: WatcherFactory) -> None:
     server.gone_next_watch = True
     watcher = make_watcher(refresh_seconds=60.0)
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     wait_for(lambda: len(server.watch_requests) == 2 and server.open_watches == 1)
     assert server.gets == 2
     assert watcher.drain_errors() == []
@@ -438,19 +438,19 @@ def test_watch_forbidden_falls_back_to_periodic_get(
 ) -> None:
     server.watch_status = 403
     watcher = make_watcher(refresh_seconds=0.2)
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     moved = {**LABELS, LAYER1: "nn-polled"}
     server.set_labels(moved, notify=False)
-    wait_for(lambda: watcher.labels() == moved, timeout=1.5)
+    wait_for(lambda: watcher.labels() == moved)
     assert "forbidden" in watcher.drain_errors()
 
 
 def test_without_watch_polls_with_get(server: FakeApiServer, make_watcher: WatcherFactory) -> None:
     watcher = make_watcher(use_watch=False, refresh_seconds=0.1)
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     moved = {**LABELS, LAYER1: "nn-polled"}
     server.set_labels(moved, notify=False)
-    wait_for(lambda: watcher.labels() == moved, timeout=1.0)
+    wait_for(lambda: watcher.labels() == moved)
     assert server.watch_requests == []
     assert watcher.drain_errors() == []
 
@@ -459,27 +459,30 @@ def test_close_is_prompt_with_an_open_watch(
     server: FakeApiServer, make_watcher: WatcherFactory
 ) -> None:
     watcher = make_watcher(watch_timeout_seconds=300)
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     wait_for(lambda: server.open_watches == 1)
-    start = time.monotonic()
     watcher.close()
-    assert time.monotonic() - start < 1.0
-    assert watcher._thread is not None and not watcher._thread.is_alive()
+    # Cut, not waited out: left alone, the thread would read the quiet watch for 300 s.
+    assert watcher._thread is not None
+    watcher._thread.join(10.0)
+    assert not watcher._thread.is_alive()
 
 
 def test_close_is_prompt_while_backing_off(make_watcher: WatcherFactory) -> None:
     watcher = make_watcher("no-such-node", initial_backoff_seconds=30.0, max_backoff_seconds=30.0)
-    assert not watcher.wait_ready(2.0)
-    start = time.monotonic()
+    assert not watcher.wait_ready(10.0)
+    wait_for(lambda: watcher.errors_total >= 1)  # the 404 is in: the thread backs off 30 s
     watcher.close()
-    assert time.monotonic() - start < 1.0
+    assert watcher._thread is not None
+    watcher._thread.join(10.0)  # woken from its 30 s pause, not left to sleep it out
+    assert not watcher._thread.is_alive()
 
 
 def test_bookmark_moves_the_resume_version(
     server: FakeApiServer, make_watcher: WatcherFactory
 ) -> None:
     watcher = make_watcher()
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     wait_for(lambda: server.open_watches == 1)
     bookmark = {"kind": "Node", "metadata": {"resourceVersion": "150"}}
     server.push({"type": "BOOKMARK", "object": bookmark})
@@ -494,7 +497,7 @@ def test_undecodable_event_is_a_bad_response(
     server: FakeApiServer, make_watcher: WatcherFactory
 ) -> None:
     watcher = make_watcher()
-    assert watcher.wait_ready(2.0)
+    assert watcher.wait_ready(10.0)
     wait_for(lambda: server.open_watches == 1)
     server.push({"type": "MODIFIED", "object": {"metadata": {"labels": ["not", "a", "map"]}}})
     wait_for(lambda: watcher.errors_total >= 1)
@@ -541,7 +544,7 @@ def test_default_configuration_from_kubeconfig(
     source = node_labels_source(NODE)
     try:
         assert isinstance(source, NodeLabelsWatcher)
-        assert source.wait_ready(2.0)
+        assert source.wait_ready(10.0)
         assert source.labels() == LABELS
     finally:
         source.close()

@@ -20,8 +20,9 @@ from botocore.validate import validate_parameters
 
 from exporter.cluster.quota import cli as quota_cli
 from exporter.cluster.quota.advisor import Recommendation
-from exporter.cluster.quota.emit import merge_patch, update_input_shape
+from exporter.cluster.quota.emit import update_input_shape
 from exporter.cluster.quota.views import recommendations_view
+from exporter.mergepatch import merge_patch
 from exporter.sim import synthetic as s
 from tests.crds import assert_valid_kueue
 

@@ -124,13 +124,13 @@ def test_background_loop_polls_on_its_interval(sim: Sim) -> None:
     agent.start()
     try:
         waited = threading.Event()
-        for _ in range(300):
+        for _ in range(1000):  # at most some 10 s: a loaded machine may be slow to start it
             if agent.ready:
                 break
             waited.wait(0.01)
         first = agent.current
         assert agent.ready
-        for _ in range(300):
+        for _ in range(1000):
             if agent.current is not first:
                 break
             waited.wait(0.01)

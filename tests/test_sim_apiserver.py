@@ -8,11 +8,12 @@ conflicts, and Kueue objects readable and writable at both served versions.
 from __future__ import annotations
 
 import calendar
+import inspect
 import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
 
@@ -22,6 +23,7 @@ import pytest
 import urllib3
 import yaml
 
+from exporter.sim.kubeapi import server as server_module
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from exporter.sim.kueue.convert import convert, domains_from_slices
 from tests.conftest import reference
@@ -69,6 +71,27 @@ def workload_v1beta2(name: str = "job-1", namespace: str = "team-a") -> dict[str
 @pytest.fixture
 def store() -> ObjectStore:
     return ObjectStore(clock=lambda: T0)
+
+
+class ServerClock:
+    """The simulated API server's `time` module, with a `monotonic()` the test sets: watch
+    deadlines (timeoutSeconds) pass when the test says so, never on a slow machine's own."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+@pytest.fixture
+def server_clock(monkeypatch: pytest.MonkeyPatch) -> ServerClock:
+    clock = ServerClock()
+    monkeypatch.setattr(server_module, "time", clock)
+    return clock
 
 
 @pytest.fixture
@@ -300,11 +323,33 @@ def test_bad_selectors_are_bad_requests(api: kc.ApiClient, param: str, value: st
     assert json.loads(caught.value.body)["reason"] == "BadRequest"
 
 
-def test_fifty_thousand_pods_in_pages_of_500(store: ObjectStore, api: kc.ApiClient) -> None:
+def test_fifty_thousand_pods_in_pages_of_500(
+    store: ObjectStore, api: kc.ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for i in range(50_000):
         store.upsert("pods", pod(f"p{i:05d}", namespace=f"ns-{i % 50}", node=f"n{i % 500}"))
+    examined: list[int] = []  # per page: how many stored pods the store looked at
+    list_page = store.list_page
+    signature = inspect.signature(list_page)
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        match: Callable[[Any], bool] = bound.arguments["match"]
+        looked = 0
+
+        def counted(entry: Any) -> bool:
+            nonlocal looked
+            looked += 1
+            return match(entry)
+
+        bound.arguments["match"] = counted
+        try:
+            return list_page(*bound.args, **bound.kwargs)
+        finally:
+            examined.append(looked)
+
+    monkeypatch.setattr(store, "list_page", counting)
     core = kc.CoreV1Api(api)
-    started = time.perf_counter()
     seen: list[str] = []
     token = None
     pages = 0
@@ -316,9 +361,10 @@ def test_fifty_thousand_pods_in_pages_of_500(store: ObjectStore, api: kc.ApiClie
         token = page["metadata"].get("continue")
         if not token:
             break
-    elapsed = time.perf_counter() - started
     assert pages == 100 and len(seen) == len(set(seen)) == 50_000
-    assert elapsed < 10, f"listing 50,000 pods took {elapsed:.1f}s"
+    # Fast because each page resumes at its continue key and looks at its own 500 pods only,
+    # rather than scanning from the start: linear in the list, whatever the number of pages.
+    assert examined == [500] * 100
 
 
 # ---- watches ----
@@ -436,19 +482,23 @@ def test_bookmarks_arrive_and_carry_the_newest_resource_version(
 
 
 def test_watch_from_a_compacted_version_gets_410_expired(
-    store: ObjectStore, api: kc.ApiClient
+    store: ObjectStore, api: kc.ApiClient, server_clock: ServerClock
 ) -> None:
     store.upsert("pods", pod("p1"))
     old = store.resource_version
     store.upsert("pods", pod("p2"))
     store.compact()
-    started = time.monotonic()
+    # The server's clock stands still: a stream left open after the error would never reach
+    # its timeoutSeconds, and reading it would fail on the client's 30 s read timeout.
     response = kc.CoreV1Api(api).list_pod_for_all_namespaces(
-        watch=True, resource_version=str(old), timeout_seconds=30, _preload_content=False
+        watch=True,
+        resource_version=str(old),
+        timeout_seconds=30,
+        _preload_content=False,
+        _request_timeout=(10, 30),
     )
     assert response.status == 200  # as kube-apiserver: the error travels inside the stream
-    events = watch(response, count=10)
-    assert time.monotonic() - started < 5, "the stream must close after the error"
+    events = watch(response, count=10)  # returns with fewer only when the stream has ended
     assert len(events) == 1 and events[0]["type"] == "ERROR"
     status = events[0]["object"]
     assert (status["kind"], status["code"], status["reason"]) == ("Status", 410, "Expired")
@@ -458,7 +508,9 @@ def test_watch_from_a_compacted_version_gets_410_expired(
         resource_version=str(store.resource_version),
         timeout_seconds=1,
         _preload_content=False,
+        _request_timeout=(10, 30),
     )
+    server_clock.now += 1  # its timeoutSeconds pass
     assert watch(fresh, count=1) == []
 
 
@@ -475,13 +527,36 @@ def test_bounded_history_expires_old_versions() -> None:
         assert watch(response, count=1)[0]["object"]["code"] == 410
 
 
-def test_watch_timeout_ends_the_stream_cleanly(api: kc.ApiClient) -> None:
-    started = time.monotonic()
+def test_watch_timeout_ends_the_stream_cleanly(
+    store: ObjectStore,
+    server: FakeApiServer,
+    api: kc.ApiClient,
+    server_clock: ServerClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    polls = threading.Semaphore(0)  # released each time the watch loop waits for events
+    next_events = store.next_events
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        polls.release()
+        return next_events(*args, **kwargs)
+
+    monkeypatch.setattr(store, "next_events", counting)
+    started = server_clock.now
     response = kc.CoreV1Api(api).list_node(
-        watch=True, resource_version="1", timeout_seconds=1, _preload_content=False
+        watch=True,
+        resource_version="1",
+        timeout_seconds=1,
+        _preload_content=False,
+        _request_timeout=(10, 30),
     )
+    for now in (started, started + 0.9):  # not over before its timeoutSeconds...
+        server_clock.now = now
+        # Two more waits: the second comes after a look at the clock as it now stands.
+        assert polls.acquire(timeout=10) and polls.acquire(timeout=10)
+        assert server.open_watches == 1
+    server_clock.now = started + 1.0  # ...and over once they have passed
     assert watch(response, count=1) == []  # a clean end of the chunked body, no error
-    assert 0.9 < time.monotonic() - started < 3
 
 
 def test_watch_with_selector_sees_objects_enter_and_leave(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import csv
 
-from exporter.node.snapshot import XidEvent
 from exporter.node.xid import XidLedger, catalog, describe
+from exporter.snapshot import XidEvent
 from tests.conftest import reference
 
 

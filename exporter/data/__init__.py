@@ -1,0 +1,1 @@
+"""Package data: NVIDIA's XID catalog."""

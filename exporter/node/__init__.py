@@ -1,0 +1,1 @@
+"""The node agent: poll the sources into a snapshot, render it, serve the bytes."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from exporter.exposition import EMPTY, Exposition
 from exporter.node.poller import Poller
-from exporter.node.snapshot import NodeSnapshot
+from exporter.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,16 @@ class NodeAgent:
         self._thread = threading.Thread(target=self._run, name="topowatch-poll", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Tell the poll thread to end, without waiting: it wakes from its wait between polls at
+        once. Lets a caller stopping many agents signal them all before waiting for any."""
         self._stop.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the poll thread and wait up to `timeout` s for it (a poll under way finishes)."""
+        self.request_stop()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=max(0.0, timeout))
 
     def _run(self) -> None:
         next_at = time.monotonic()

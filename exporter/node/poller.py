@@ -18,7 +18,8 @@ from exporter.exposition import Exposition, Family
 from exporter.node.affinity import compute_affinity
 from exporter.node.compat import dcgm, efa
 from exporter.node.render import render
-from exporter.node.snapshot import (
+from exporter.node.xid import XidLedger
+from exporter.snapshot import (
     CollectorStatus,
     EfaDeviceReading,
     GpuAffinity,
@@ -28,7 +29,6 @@ from exporter.node.snapshot import (
     NumaNodeReading,
     PodRef,
 )
-from exporter.node.xid import XidLedger
 from exporter.sources import sysfs
 from exporter.sources.interfaces import (
     GpuSource,

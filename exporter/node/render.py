@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from exporter.exposition import COUNTER, GAUGE, INFO, Family, escape_label_value
 from exporter.node import xid as xid_catalog
-from exporter.node.snapshot import GpuReading, NodeSnapshot, NvLinkReading, PodRef
+from exporter.snapshot import GpuReading, NodeSnapshot, NvLinkReading, PodRef
 
 NO_POD = PodRef("", "", "")
 VERSION = "0.1.0"

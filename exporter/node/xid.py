@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from exporter.node.snapshot import LastXid, XidCount, XidEvent, XidTotals
+from exporter.snapshot import LastXid, XidCount, XidEvent, XidTotals
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -22,6 +23,10 @@ from exporter.sim.environment import NodeAgentFleet, SimulatedEnvironment
 from exporter.sim.faults import Fault
 
 log = logging.getLogger(__name__)
+
+# Ctrl-C or SIGTERM to exit: the node agents, the simulation and Prometheus get this long, all
+# together, once the cluster service has stopped (normally well under a second).
+STOP_TIMEOUT_S = 1.5
 
 
 def example_workload(service: ClusterService) -> str | None:
@@ -119,9 +124,26 @@ def run_demo(
     try:
         serve_cluster(client, host, port, on_started=started, stop=stop, controller=controller)
     finally:
-        for running in prometheus:
-            running.stop()
-        if fleet is not None:
-            fleet.close()
-        env.stop()
+        stop_everything(prometheus, fleet, env)
     return 0
+
+
+def stop_everything(
+    prometheus: Sequence[DemoPrometheus],
+    fleet: NodeAgentFleet | None,
+    env: SimulatedEnvironment,
+    timeout: float = STOP_TIMEOUT_S,
+) -> None:
+    """Stop what the cluster service does not own, within one deadline: Prometheus is sent
+    SIGTERM first and shuts down while the node agents stop (all of them at once), then the
+    simulation; Prometheus is killed if it has not exited by the deadline."""
+    deadline = time.monotonic() + timeout
+    for running in prometheus:
+        running.terminate()
+    try:
+        if fleet is not None:
+            fleet.close(timeout=deadline - time.monotonic())
+        env.stop(timeout=max(0.1, deadline - time.monotonic()))
+    finally:
+        for running in prometheus:
+            running.stop(timeout=deadline - time.monotonic())

@@ -5,6 +5,7 @@ one line and carries on without it."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import subprocess
@@ -12,6 +13,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9090
 # The dashboards' "Exporters up" panel selects jobs whose name contains "topowatch".
@@ -52,14 +55,25 @@ class DemoPrometheus:
         self.directory = directory
         self.url = url
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """Ask Prometheus to exit (SIGTERM) and return at once: it shuts down while the caller
+        stops everything else. `stop` then waits for it."""
         if self.proc.poll() is None:
             self.proc.terminate()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate Prometheus, give it `timeout` s to exit, else kill it; remove its
+        directory (its TSDB included, so a kill loses nothing anyone will read)."""
+        self.terminate()
+        try:
+            self.proc.wait(max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            log.warning("prometheus did not exit after SIGTERM; killing it")
+            self.proc.kill()
             try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
                 self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                log.error("prometheus (pid %d) survived SIGKILL for 5 s", self.proc.pid)
         shutil.rmtree(self.directory, ignore_errors=True)
 
 

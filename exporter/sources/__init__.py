@@ -1,0 +1,1 @@
+"""The edges that read: NVML, sysfs, procfs, the kubelet, the Kubernetes and AWS APIs."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from exporter.node.snapshot import GpuInventory, PodRef
+from exporter.snapshot import GpuInventory, PodRef
 
 
 class SourceError(Exception):

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.node.snapshot import (
+from exporter.snapshot import (
     CLOCK_EVENT_REASONS,
     PROFILING_KEYS,
     EccCounts,

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from exporter.node.snapshot import EfaDeviceReading, EfaPortReading, NumaNodeReading
+from exporter.snapshot import EfaDeviceReading, EfaPortReading, NumaNodeReading
 from exporter.sources.pci import nvml_to_sysfs_address
 
 StrPath = str | os.PathLike[str]

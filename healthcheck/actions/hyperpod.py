@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from exporter.topology.labels import HEALTH_STATUS_KEY as HYPERPOD_HEALTH
 from healthcheck.actions.base import ActionRequest, ActionResult
-from healthcheck.policy import HYPERPOD_HEALTH
 
 LABEL_VALUE = {"reboot": "UnschedulablePendingReboot", "replace": "UnschedulablePendingReplacement"}
 MERGE_PATCH = "application/merge-patch+json"

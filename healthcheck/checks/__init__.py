@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from exporter.node.snapshot import NodeSnapshot
+from exporter.snapshot import NodeSnapshot
 from healthcheck.checks import efa, inventory, memory, numa, nvlink, pcie, rootfs, thermal, xid
 from healthcheck.checks.base import History
 from healthcheck.config import HealthConfig

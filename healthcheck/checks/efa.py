@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from exporter.node.snapshot import EfaPortReading, NodeSnapshot
+from exporter.snapshot import EfaPortReading, NodeSnapshot
 from healthcheck.checks.base import History, finding, rate
 from healthcheck.config import HealthConfig
 from healthcheck.findings import Finding

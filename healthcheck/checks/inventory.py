@@ -8,7 +8,7 @@ A GPU that stopped answering is the same fault as XID 79 (off the bus): replace.
 
 from __future__ import annotations
 
-from exporter.node.snapshot import NodeSnapshot
+from exporter.snapshot import NodeSnapshot
 from healthcheck.checks.base import History, collector_ok, finding
 from healthcheck.config import HealthConfig
 from healthcheck.findings import Finding

@@ -7,7 +7,7 @@ and the GPU must be replaced.
 
 from __future__ import annotations
 
-from exporter.node.snapshot import GpuReading, NodeSnapshot
+from exporter.snapshot import GpuReading, NodeSnapshot
 from healthcheck.checks.base import History, Problem, finding
 from healthcheck.config import HealthConfig, MemoryConfig
 from healthcheck.findings import Finding

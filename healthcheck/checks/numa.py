@@ -3,7 +3,7 @@ copies and a noisier job, never a broken node. A warning only, with no action.""
 
 from __future__ import annotations
 
-from exporter.node.snapshot import NodeSnapshot
+from exporter.snapshot import NodeSnapshot
 from healthcheck.checks.base import History, finding
 from healthcheck.config import HealthConfig
 from healthcheck.findings import Finding

@@ -7,7 +7,7 @@ faults break or slow collective communication for the whole job; retraining take
 
 from __future__ import annotations
 
-from exporter.node.snapshot import NodeSnapshot, NvLinkReading
+from exporter.snapshot import NodeSnapshot, NvLinkReading
 from healthcheck.checks.base import History, finding, rate
 from healthcheck.config import HealthConfig
 from healthcheck.findings import Finding

@@ -6,7 +6,7 @@ while the GPU is busy; a narrow link is never a power state. Re-training takes a
 
 from __future__ import annotations
 
-from exporter.node.snapshot import GpuReading, NodeSnapshot
+from exporter.snapshot import GpuReading, NodeSnapshot
 from healthcheck.checks.base import History, finding
 from healthcheck.config import HealthConfig
 from healthcheck.findings import Finding

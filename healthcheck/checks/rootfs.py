@@ -3,7 +3,7 @@ write logs, checkpoints or container layers until a reboot."""
 
 from __future__ import annotations
 
-from exporter.node.snapshot import NodeSnapshot
+from exporter.snapshot import NodeSnapshot
 from healthcheck.checks.base import History, finding
 from healthcheck.config import HealthConfig
 from healthcheck.findings import Finding

@@ -7,7 +7,7 @@ the finding is informational. The action defaults to none (a reboot does not fix
 
 from __future__ import annotations
 
-from exporter.node.snapshot import NodeSnapshot
+from exporter.snapshot import NodeSnapshot
 from healthcheck.checks.base import History, finding
 from healthcheck.config import HealthConfig
 from healthcheck.findings import Finding

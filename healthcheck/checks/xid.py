@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from exporter.node.snapshot import NodeSnapshot
 from exporter.node.xid import describe
+from exporter.snapshot import NodeSnapshot
 from healthcheck.checks.base import History, finding
 from healthcheck.checks.xid_memory import XidRecord
 from healthcheck.config import HealthConfig

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from exporter.node.snapshot import PodRef, XidEvent
+from exporter.snapshot import PodRef, XidEvent
 from healthcheck.config import XidConfig
 
 MAX_APP_HITS = 1024  # bounds the memory whatever a broken job does

@@ -1,0 +1,1 @@
+"""Parsers: raw Kubernetes and Kueue objects (either served version) into the model's types."""

@@ -1,0 +1,1 @@
+"""The quota advisor: sampled history, recommendations, their views and emitters, its command."""

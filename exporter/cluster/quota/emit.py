@@ -325,16 +325,3 @@ def _keep_lending_within_nominal(resource: dict[str, Any]) -> None:
     lending = parse_quantity(resource.get("lendingLimit"))
     if nominal is not None and lending is not None and lending > nominal:
         resource["lendingLimit"] = resource["nominalQuota"]
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: what the API server stores after `--type=merge`."""
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result

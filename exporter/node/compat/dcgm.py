@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from exporter.exposition import GAUGE, UNTYPED, Family, escape_label_value
 from exporter.node.render import NO_POD, profiling_ratio
-from exporter.node.snapshot import GpuReading, NodeSnapshot
+from exporter.snapshot import GpuReading, NodeSnapshot
 
 MIB = 1024 * 1024
 

@@ -9,7 +9,7 @@ treats the same (`rate()` works) and which lints clean.
 from __future__ import annotations
 
 from exporter.exposition import UNTYPED, Family, escape_label_value
-from exporter.node.snapshot import NodeSnapshot
+from exporter.snapshot import NodeSnapshot
 
 
 def render(snapshot: NodeSnapshot) -> list[Family]:

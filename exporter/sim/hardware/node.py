@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from exporter.node.poller import NodeSources
-from exporter.node.snapshot import PodRef
 from exporter.sim.faults import EFA_FAULTS, Fault, FaultSpecError
 from exporter.sim.hardware.nvml import SimulatedNvml
 from exporter.sim.hardware.profiles import HardwareProfile
 from exporter.sim.hardware.sysfs import SimulatedSysfs
+from exporter.snapshot import PodRef
 from exporter.sources.kube import StaticNodeLabels
 from exporter.sources.nvml import NvmlGpuSource
 from exporter.sources.podresources import StaticPodResources

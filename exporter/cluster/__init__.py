@@ -1,0 +1,1 @@
+"""The cluster service: informers feed a pure ClusterModel; analyses, views and pages read it."""
