@@ -295,7 +295,9 @@ def test_topology_driven_preemption_verdict() -> None:
     preempt(model, victim, preemptor, T0 + 10)
     (record,) = list(model.ledger)
     assert record.verdict == "topology"
-    assert "largest free network-node-layer-3 domain had 8" in record.verdict_detail
+    assert "fits 1 of 2 pods of 8 GPUs in the largest free network-node-layer-3 domain nn-a" in (
+        record.verdict_detail
+    )
     assert model.preemption_counts[(CQ_A, CQ_A, "InClusterQueue", "topology")] == 1
 
 
@@ -397,10 +399,11 @@ def test_pending_cause_names_the_largest_free_domain_when_topology_blocks() -> N
     cause = model.pending_cause(model.workload_state(NS_A, "waiting").workload)
     assert cause is not None and cause.cause == "topology"
     assert cause.topology_message == (
-        "quota allows 48 GPUs but the largest free network-node-layer-3 domain has 8: nn-a"
+        "quota allows 48 GPUs; fits 1 of 2 pods of 8 GPUs in the largest free"
+        " network-node-layer-3 domain nn-a (8 free GPUs there)"
     )
     view = workload_view(model, model.workload_state(NS_A, "waiting"))
-    assert any("8 more" in fix for fix in view["would_run_if"])
+    assert any("room for 1 more pod of 8 GPUs" in fix for fix in view["would_run_if"])
 
 
 def test_pending_cause_is_quota_when_the_queue_is_full() -> None:
@@ -422,7 +425,7 @@ def test_pending_cause_is_quota_when_the_queue_is_full() -> None:
     cause = model.pending_cause(model.workload_state(NS_A, "waiting").workload)
     assert cause is not None and cause.cause == "quota" and cause.topology_message == ""
     view = workload_view(model, model.workload_state(NS_A, "waiting"))
-    assert any("8 more GPUs of quota" in fix for fix in view["would_run_if"])
+    assert any("could admit 8 more GPUs" in fix for fix in view["would_run_if"])
 
 
 def test_timeline_records_each_step_across_versions() -> None:
@@ -526,7 +529,9 @@ def test_topology_verdict_survives_events_arriving_out_of_order() -> None:
     preempt(model, victim, preemptor, T0 + 10)
     (record,) = list(model.ledger)
     assert record.verdict == "topology", record.verdict_detail
-    assert "largest free network-node-layer-3 domain had 8" in record.verdict_detail
+    assert "fits 1 of 2 pods of 8 GPUs in the largest free network-node-layer-3 domain nn-a" in (
+        record.verdict_detail
+    )
 
 
 def test_unknown_kueue_version_is_read_best_effort_and_reported() -> None:

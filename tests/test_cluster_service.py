@@ -19,12 +19,14 @@ from typing import Any
 
 import pytest
 
+from exporter.cluster.informers import WATCHED
 from exporter.cluster.run import explain_live, kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService
 from exporter.sim.cluster import ClusterShape, SimulatedCluster
-from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
+from exporter.sim.kubeapi.server import Exchange, FakeApiServer, ObjectStore
 from healthcheck.controller import RemediationController
 from tests.conftest import promtool_lint
+from tests.test_informers import newest_rv_served, served_410
 
 L3 = "topology.k8s.aws/network-node-layer-3"
 NS = "hyperpod-ns-a"
@@ -216,8 +218,11 @@ def test_pending_on_topology_is_explained_with_the_largest_free_domain(
         return view if code == 200 and (view["pending"] or {}).get("cause") == "topology" else None
 
     view = eventually(topology_pending, what="topology pending cause")
-    assert "largest free network-node-layer-3 domain has 32" in view["pending"]["summary"]
-    assert any("8 more" in fix for fix in view["would_run_if"])
+    assert (
+        "fits 4 of 5 pods of 8 GPUs in the largest free network-node-layer-3 domain"
+        in (view["pending"]["summary"])
+    )
+    assert any("room for 1 more pod of 8 GPUs" in fix for fix in view["would_run_if"])
     _, body = service.get("/metrics")
     assert (
         'topowatch_pending_workloads{cluster_queue="hyperpod-ns-a-clusterqueue",cause="topology"} 1'
@@ -272,18 +277,83 @@ def test_api_server_down_at_start_then_up(caplog: pytest.LogCaptureFixture) -> N
 
 
 def test_dropped_watches_and_410_gone_lose_nothing(world: World, service: RunningService) -> None:
+    """Every informer, with the log of what the API server served it: a dropped watch resumes
+    where it was; after an outage that outlived the history, each informer is told 410 on its
+    watch, lists again and watches from that list, and the model holds what changed meanwhile,
+    deletions included."""
     cluster, store, server, start = world
-    server.drop_watches()
-    store.compact()
-    job = cluster.submit("a", "after-gone", 8, 2, "training-priority", now=start)
+    plurals = [w.plural for w in WATCHED]
+
+    def pods_bound(name: str) -> bool:
+        code, view = service.get(f"/api/v1/workloads/{NS}/{name}")
+        return code == 200 and len(view["pods"]) == 2 and all(p["node"] for p in view["pods"])
+
+    def since(mark: int, plural: str) -> list[Exchange]:
+        return [e for e in server.exchanges(plural) if e.seq > mark]
+
+    def until(mark: int, plural: str) -> list[Exchange]:
+        return [e for e in server.exchanges(plural) if e.seq <= mark]
+
+    short = cluster.submit("a", "short", 8, 2, "training-priority", now=start, runtime_s=1)
     cluster.step(start + 1)
-    eventually(lambda: model_sees(service, NS, job, "admitted"), what="caught up after 410")
+    eventually(lambda: pods_bound(short), what="the short job running")
 
-    def pods_bound() -> bool:
-        view = service.get(f"/api/v1/workloads/{NS}/{job}")[1]
-        return len(view["pods"]) == 2 and all(p["node"] for p in view["pods"])
+    # Dropped watches: each informer watches again from the newest resourceVersion it was
+    # served, without listing, and is never told 410.
+    dropped_at = server.exchanges()[-1].seq
+    server.drop_watches()
+    eventually(
+        lambda: all(any(e.verb == "WATCH" for e in since(dropped_at, p)) for p in plurals),
+        what="every informer watching again",
+    )
+    for plural in plurals:
+        after = since(dropped_at, plural)
+        assert [e.verb for e in after][:1] == ["WATCH"], plural
+        assert after[0].query["resourceVersion"] == newest_rv_served(until(dropped_at, plural))
+        assert not any(e.verb == "LIST" or served_410(e) for e in after), plural
 
-    eventually(pods_bound, what="the job's pods after 410")
+    # An outage that outlives the history: meanwhile the short job ends, its pods are deleted
+    # and 300 s later its Workload too, and another job starts.
+    server.stop()
+    stopped_at = server.exchanges()[-1].seq
+    job = cluster.submit("a", "after-gone", 8, 2, "training-priority", now=start + 1)
+    cluster.step(start + 400)
+    assert store.get("workloads", NS, short) is None
+    store.compact()
+    compacted_at = store.resource_version
+    server.start()
+
+    eventually(
+        lambda: all(len(since(stopped_at, p)) >= 3 for p in plurals),
+        what="every informer back with three requests",
+    )
+    for plural in plurals:
+        last_seen = newest_rv_served(until(stopped_at, plural))
+        assert int(last_seen) < compacted_at, plural
+        gone, relist, rewatch = since(stopped_at, plural)[:3]
+        # Back, the informer watched from where it was; the server answered the stream with
+        # an ERROR event carrying 410 Expired, as kube-apiserver does for a compacted version.
+        assert (gone.verb, gone.query["resourceVersion"]) == ("WATCH", last_seen), plural
+        assert gone.status == 200 and gone.events == (("ERROR", "410"),), plural
+        # It listed again, whole and at the latest state...
+        assert (relist.verb, relist.status, relist.continue_token) == ("LIST", 200, ""), plural
+        assert "continue" not in relist.query and relist.query.get("resourceVersion", "") == ""
+        assert int(relist.resource_version) >= compacted_at, plural
+        # ...then watched from that list's resourceVersion, and was not told 410 again.
+        assert rewatch.verb == "WATCH", plural
+        assert rewatch.query["resourceVersion"] == relist.resource_version, plural
+        assert not any(served_410(e) for e in since(stopped_at, plural)[1:]), plural
+
+    # What changed during the outage is in the model, deletions included.
+    eventually(lambda: pods_bound(job), what="the new job's pods after 410")
+    eventually(
+        lambda: service.get(f"/api/v1/workloads/{NS}/{short}")[0] == 404,
+        what="the Workload deleted during the outage gone from the model",
+    )
+    eventually(
+        lambda: service.get("/api/v1/topology")[1]["fragmentation"][-1]["free"] == 64 - 16,
+        what="the GPUs of the pods deleted during the outage free in the model",
+    )
 
 
 @pytest.mark.parametrize("versions", [("v1beta1",), ()], ids=["old-kueue", "no-kueue"])

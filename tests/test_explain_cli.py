@@ -102,6 +102,9 @@ def test_explain_from_dump_names_the_preemptor_and_the_placement(
     code, out, _ = run_cli(capsys, "explain", "--from", str(dump), f"{NS}/{names['preemptor']}")
     assert code == 0
     assert re.search(r"Placement: 2 pods on 2 nodes \(.*1 network-node-layer-3", out)
+    # ... and names the layer-3 domain it landed in.
+    layer3 = re.search(r"^  network-node-layer-3: (nn-[0-9a-f]+)$", out, re.M)
+    assert layer3 is not None  # one domain: its id alone, no per-domain counts
     assert "required network-node-layer-3: met" in out
     assert f"victim {NS}/{names['victim']}" in out
 
@@ -118,7 +121,11 @@ def test_explain_json_and_all_preemptions(
         code == 0 and view["preemptions_suffered"][0]["preemptor"] == f"{NS}/{names['preemptor']}"
     )
     steps = [e["step"] for e in view["timeline"]]
-    assert steps[0] == "created" and {"preempted", "evicted", "pending"} <= set(steps)
+    assert steps[0] == "created" and {"preempted", "pending"} <= set(steps)
+    # One preemption is one step: its eviction and requeue are records that step stands for.
+    (preempted,) = [e for e in view["timeline"] if e["step"] == "preempted"]
+    assert {"evicted", "preempted", "requeued"} <= {f["step"] for f in preempted["folded"]}
+    assert "evicted" not in steps and "requeued" not in steps
     code, out, _ = run_cli(capsys, "explain", "--from", str(dump), "--all-preemptions")
     assert code == 0
     (line,) = out.strip().splitlines()

@@ -7,6 +7,7 @@ errors), and the informers say how they are doing without ever crashing.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import threading
@@ -17,8 +18,9 @@ from typing import Any
 import kubernetes.client as kc
 import pytest
 
+from exporter.cluster import informers as informers_module
 from exporter.cluster.informers import WATCHED, InformerSet, InformerStatus, Watched
-from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
+from exporter.sim.kubeapi.server import Exchange, FakeApiServer, ObjectStore
 from tests.test_sim_apiserver import pod, workload_v1beta2
 
 PLURALS = {w.kind: w.plural for w in WATCHED}
@@ -77,8 +79,54 @@ def status_of(informers: InformerSet, kind: str) -> InformerStatus:
     return next(s for s in informers.status() if s.kind == kind)
 
 
+def running_threads(informers: InformerSet) -> list[str]:
+    return [i.watched.kind for i in informers._informers if i._thread.is_alive()]
+
+
+@pytest.fixture
+def backoffs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
+    """(kind, seconds) of every backoff pause an informer starts, in order; the pauses still
+    happen (on the informers' stop event)."""
+    pauses: list[tuple[str, float]] = []
+    sleep = informers_module._Informer._sleep
+
+    def recording(self: Any, seconds: float) -> None:
+        pauses.append((self.watched.kind, seconds))
+        sleep(self, seconds)
+
+    monkeypatch.setattr(informers_module._Informer, "_sleep", recording)
+    return pauses
+
+
 def only(*kinds: str) -> list[Watched]:
     return [w for w in WATCHED if w.kind in kinds]
+
+
+# ---- the protocol exchange, as the simulated API server logged it ----
+
+
+def of_verb(exchanges: list[Exchange], verb: str) -> list[Exchange]:
+    return [e for e in exchanges if e.verb == verb]
+
+
+def served_410(exchange: Exchange) -> bool:
+    """Whether the server answered 410: an HTTP 410 (a list whose continue token expired) or,
+    on a watch, an ERROR event carrying a 410 Status, which is how kube-apiserver answers a
+    watch from a resourceVersion older than its history (the stream itself is a 200)."""
+    return exchange.status == 410 or ("ERROR", "410") in exchange.events
+
+
+def newest_rv_served(exchanges: list[Exchange]) -> str:
+    """The newest resourceVersion these exchanges gave their client: a complete list's, or
+    the last event's (bookmarks included) of a watch after it. A reflector that lost its
+    watch must resume from exactly this one."""
+    rv = ""
+    for e in exchanges:
+        if e.verb == "LIST" and e.status == 200 and not e.continue_token:
+            rv = e.resource_version
+        elif e.verb == "WATCH":
+            rv = next((v for t, v in reversed(e.events) if t != "ERROR"), rv)
+    return rv
 
 
 def free_port() -> int:
@@ -171,6 +219,21 @@ def test_lists_in_pages(
 ) -> None:
     informer_set, sink = informers(only("Pod"), page_size=5)
     assert informer_set.wait_synced(5)
+    assert eventually(lambda: bool(of_verb(server.exchanges("pods"), "WATCH")))
+    exchanges = server.exchanges("pods")
+    pages = of_verb(exchanges, "LIST")
+    assert [p.query.get("limit") for p in pages] == ["5", "5", "5"]
+    assert all(p.status == 200 for p in pages)
+    assert "continue" not in pages[0].query  # the first page starts the list...
+    for before, page in itertools.pairwise(pages):
+        assert before.continue_token  # ...each page but the last hands out a token...
+        assert page.query["continue"] == before.continue_token  # ...which the next follows
+    assert pages[-1].continue_token == ""
+    # One consistent snapshot, and the watch starts where it stood.
+    assert {p.resource_version for p in pages} == {pages[0].resource_version}
+    first_watch = of_verb(exchanges, "WATCH")[0]
+    assert first_watch.seq > pages[-1].seq
+    assert first_watch.query["resourceVersion"] == pages[0].resource_version
     assert server.requests["LIST pods"] == 3  # 12 pods, 5 a page
     assert sink.versions("Pod") == stored_versions(store, "Pod")
 
@@ -182,19 +245,42 @@ def test_410_after_compaction_relists_and_reconciles_deletions(
 ) -> None:
     informer_set, sink = informers(only("Pod"))
     assert informer_set.wait_synced(5)
+    assert eventually(lambda: server.open_watches == 1)
     port = server.port
     server.stop()  # the informer loses its watch and cannot get back
     store.delete("pods", "team-0", "p00")
     store.delete("pods", "team-1", "p01")
     store.upsert("pods", pod("while-away", namespace="team-0"))
     store.compact()  # ...and the history it would resume from is gone
+    compacted_at = store.resource_version
     with FakeApiServer(store, port=port, bookmark_interval=0.1) as back:
-        assert eventually(lambda: status_of(informer_set, "Pod").relists_gone == 1)
+        assert eventually(lambda: any(served_410(e) for e in back.exchanges("pods")))
+        assert eventually(lambda: len(back.exchanges("pods")) >= 3)
+        gone, relist, rewatch = back.exchanges("pods")[:3]
+        last_seen = newest_rv_served(server.exchanges("pods"))  # by the first server
+        assert int(last_seen) < compacted_at
+        # The informer came back watching from the last resourceVersion it had seen, and
+        # was told 410 Expired on the watch stream...
+        assert (gone.verb, gone.query["resourceVersion"]) == ("WATCH", last_seen)
+        assert gone.status == 200 and gone.events == (("ERROR", "410"),)
+        # ...so it listed again, from the start and at the latest state...
+        assert relist.verb == "LIST" and relist.status == 200
+        assert "continue" not in relist.query and relist.query.get("resourceVersion", "") == ""
+        assert int(relist.resource_version) >= compacted_at
+        # ...and watched from the new list's resourceVersion, which the server could serve.
+        assert rewatch.verb == "WATCH"
+        assert rewatch.query["resourceVersion"] == relist.resource_version
         assert eventually(lambda: sink.versions("Pod") == stored_versions(store, "Pod"))
-        assert back.requests["LIST pods"] == 1
+        exchanges = back.exchanges("pods")
+    assert [e.verb for e in exchanges].count("LIST") == back.requests["LIST pods"] == 1
+    assert [served_410(e) for e in exchanges] == [True] + [False] * (len(exchanges) - 1)
+    # The relist reconciled the gap: both deletions and the creation.
+    assert ("team-0", "p00") not in sink.state["Pod"]
+    assert ("team-1", "p01") not in sink.state["Pod"]
+    assert ("team-0", "while-away") in sink.state["Pod"]
     assert sink.replaced["Pod"] == 2
     status = status_of(informer_set, "Pod")
-    assert status.lists == 2 and status.errors["gone"] == 1
+    assert status.lists == 2 and status.relists_gone == 1 and status.errors["gone"] == 1
 
 
 def test_a_list_outpaced_by_churn_finishes_unpaged() -> None:
@@ -218,14 +304,38 @@ def test_a_list_outpaced_by_churn_finishes_unpaged() -> None:
         informer_set = InformerSet(api, sink, only("Pod"), page_size=1, **FAST).start()
         try:
             assert informer_set.wait_synced(5)
-            assert status_of(informer_set, "Pod").errors["expired_continue"] >= 1
+            assert eventually(lambda: bool(of_verb(server.exchanges("pods"), "WATCH")))
             stop_churn.set()
             churner.join()
             assert eventually(lambda: sink.versions("Pod") == stored_versions(store, "Pod"))
+            exchanges = server.exchanges("pods")
+            expired_continue = status_of(informer_set, "Pod").errors.get("expired_continue", 0)
         finally:
             stop_churn.set()
             informer_set.stop()
             api.close()
+    first_watch = of_verb(exchanges, "WATCH")[0]
+    lists = [e for e in of_verb(exchanges, "LIST") if e.seq < first_watch.seq]
+    expired = [i for i, e in enumerate(lists) if served_410(e)]
+    assert len(expired) == 1, "one continue token, and only one, should have expired"
+    paged, gone, fallback = lists[: expired[0]], lists[expired[0]], lists[expired[0] + 1 :]
+    # Paged, one item a page, each page following the token the one before handed out...
+    assert paged and "continue" not in paged[0].query
+    assert all(e.query.get("limit") == "1" and e.status == 200 for e in paged)
+    assert all(e.continue_token for e in paged)
+    for before, page in itertools.pairwise([*paged, gone]):
+        assert page.query["continue"] == before.continue_token
+    # ...until the token outlived the history: 410 Expired, offering a token for the rest...
+    assert (gone.status, gone.reason, gone.query.get("limit")) == (410, "Expired", "1")
+    assert gone.continue_token
+    # ...which, like client-go's pager, the informer does not take: it lists again whole, in
+    # one unpaged request, and watches from that list's resourceVersion.
+    assert len(fallback) == 1
+    (whole,) = fallback
+    assert "continue" not in whole.query and whole.query.get("limit", "0") in ("", "0")
+    assert whole.status == 200 and whole.continue_token == ""
+    assert first_watch.query["resourceVersion"] == whole.resource_version
+    assert expired_continue >= 1  # later relists may meet churn again
 
 
 def test_dropped_watch_resumes_without_relisting_and_misses_nothing(
@@ -256,14 +366,39 @@ def test_bookmarks_keep_the_informer_from_relisting(
 ) -> None:
     informer_set, sink = informers(only("Pod"))
     assert informer_set.wait_synced(5)
+    assert eventually(lambda: bool(of_verb(server.exchanges("pods"), "WATCH")))
+    (listed, watch) = server.exchanges("pods")[:2]
+    assert (listed.verb, watch.verb) == ("LIST", "WATCH")
+    assert watch.query["resourceVersion"] == listed.resource_version
+    assert watch.query.get("allowWatchBookmarks") == "true"  # the informer asks for bookmarks
     for i in range(5):  # changes to other kinds move the global resourceVersion on
         store.upsert("nodes", {"metadata": {"name": f"other-{i}"}})
-    time.sleep(0.3)  # a few bookmark intervals
-    store.compact()
+    newest = str(store.resource_version)
+    assert int(newest) > int(listed.resource_version)
+
+    def bookmarks_at_newest() -> int:
+        return sum(
+            w.events.count(("BOOKMARK", newest)) for w in of_verb(server.exchanges("pods"), "WATCH")
+        )
+
+    # Two: the stream wrote the first before it logged the second, so the informer has it.
+    assert eventually(lambda: bookmarks_at_newest() >= 2)
+    store.compact()  # nothing older than the bookmark can be watched from any more
     server.drop_watches()
-    store.upsert("pods", pod("after-compaction"))
+    created = store.upsert("pods", pod("after-compaction"))
     assert eventually(lambda: ("team-a", "after-compaction") in sink.versions("Pod"))
-    assert status_of(informer_set, "Pod").relists_gone == 0  # resumed from the bookmark's RV
+    exchanges = server.exchanges("pods")
+    watches = of_verb(exchanges, "WATCH")
+    assert all(w.query.get("allowWatchBookmarks") == "true" for w in watches)
+    first_bookmarked = next(i for i, w in enumerate(watches) if ("BOOKMARK", newest) in w.events)
+    resumed = watches[first_bookmarked + 1 :]
+    assert resumed, "the informer never watched again after the drop"
+    # Every watch since resumed from the bookmark's resourceVersion, not the older list's...
+    assert {w.query["resourceVersion"] for w in resumed} == {newest}
+    assert not any(served_410(e) for e in exchanges)  # ...which the compaction left servable
+    added = ("ADDED", created["metadata"]["resourceVersion"])
+    assert any(added in w.events for w in resumed)
+    assert status_of(informer_set, "Pod").relists_gone == 0
     assert server.requests["LIST pods"] == 1
 
 
@@ -295,13 +430,17 @@ def test_server_errors_back_off_then_recover(
     store: ObjectStore,
     server: FakeApiServer,
     informers: Callable[..., tuple[InformerSet, Sink]],
+    backoffs: list[tuple[str, float]],
 ) -> None:
     server.fail_next(3, 500)
-    started = time.monotonic()
     informer_set, sink = informers(only("Pod"), backoff_initial=0.1, backoff_max=5.0)
     assert informer_set.wait_synced(5)
-    # Three failures: waits of at least 0.05 + 0.1 + 0.2 s (jittered halves of 0.1, 0.2, 0.4).
-    assert time.monotonic() - started >= 0.35
+    # Three failures, each followed by a pause that doubles: 0.1, 0.2, 0.4 s, jittered down to
+    # no less than half.
+    first_three = [seconds for _, seconds in backoffs[:3]]
+    assert len(first_three) == 3
+    for seconds, full in zip(first_three, (0.1, 0.2, 0.4), strict=True):
+        assert full / 2 <= seconds <= full
     status = status_of(informer_set, "Pod")
     assert status.errors == {"http_500": 3}
     assert status.last_error == ""
@@ -326,14 +465,25 @@ def test_old_kueue_is_read_at_v1beta1(
 
 
 def test_without_kueue_core_informers_sync_and_kueue_ones_say_why(
-    store: ObjectStore, informers: Callable[..., tuple[InformerSet, Sink]]
+    store: ObjectStore,
+    informers: Callable[..., tuple[InformerSet, Sink]],
+    backoffs: list[tuple[str, float]],
 ) -> None:
+    core = ("Node", "Pod", "Event")
     with FakeApiServer(store, kueue_versions=()) as no_kueue:
-        informer_set, sink = informers(url=no_kueue.url)
-        assert not informer_set.wait_synced(1.0)
+        # Long watches: were stop() not to cut them, they would hold their threads for minutes.
+        informer_set, sink = informers(url=no_kueue.url, watch_timeout_s=300)
+        assert eventually(
+            lambda: all(
+                s.synced if s.kind in core else s.errors.get("not_served", 0) >= 1
+                for s in informer_set.status()
+            ),
+            timeout=10,
+        )
+        assert not informer_set.synced()
         statuses = {s.kind: s for s in informer_set.status()}
         for kind, status in statuses.items():
-            if kind in ("Node", "Pod", "Event"):
+            if kind in core:
                 assert status.synced, kind
             else:
                 assert not status.synced and status.version is None, kind
@@ -341,11 +491,21 @@ def test_without_kueue_core_informers_sync_and_kueue_ones_say_why(
                 assert status.errors["not_served"] >= 1
         assert sink.versions("Pod") == stored_versions(store, "Pod")
         discovery_calls = no_kueue.requests["DISCOVERY /apis/kueue.x-k8s.io"]
-        assert discovery_calls < 7 * 12, "retrying discovery must back off, not spin"
-        started = time.monotonic()
-        informer_set.stop()
-        assert not informer_set.wait_synced(5) and informer_set.stopped
-        assert time.monotonic() - started < 2
+        kueue_pauses = [seconds for kind, seconds in backoffs if kind not in core]
+        # Retrying discovery must back off, not spin: after its first try, each of the 7 Kueue
+        # informers asks again only after a pause of at least half of backoff_initial.
+        assert discovery_calls <= 7 + len(kueue_pauses), "retrying discovery must back off"
+        assert all(seconds >= FAST["backoff_initial"] / 2 for seconds in kueue_pauses)
+        informer_set.stop(timeout=30)
+        # Prompt: no thread is left in a 300 s watch or a backoff pause.
+        assert running_threads(informer_set) == [] and informer_set.stopped
+        synced: list[bool] = []
+        waiter = threading.Thread(
+            target=lambda: synced.append(informer_set.wait_synced(60)), daemon=True
+        )
+        waiter.start()
+        waiter.join(10)
+        assert synced == [False]  # answered at once once stopped, not after the 60 s allowed
 
 
 def test_a_failing_sink_is_counted_and_does_not_stop_the_informer(
@@ -380,7 +540,7 @@ def test_stop_is_prompt_with_open_watches(
     informer_set, _ = informers(watch_timeout_s=300)
     assert informer_set.wait_synced(5)
     assert eventually(lambda: server.open_watches == len(WATCHED))
-    started = time.monotonic()
-    informer_set.stop()
-    assert time.monotonic() - started < 2
+    informer_set.stop(timeout=30)
+    # Every thread ended, though each was blocked reading a watch that could last 300 s more.
+    assert running_threads(informer_set) == []
     assert eventually(lambda: server.open_watches == 0)

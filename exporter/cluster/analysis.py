@@ -6,9 +6,11 @@ without a model, and the model stays a bookkeeper.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from exporter.cluster.capacity.placement import Fit
+from exporter.cluster.capacity.quota import Answer
 from exporter.cluster.ledger import Verdict
 from exporter.cluster.objects import ClusterQueue, TopologyRequest, Workload
 from exporter.topology.tree import NETWORK_LEVELS, Placement, hops, level_of_label_key
@@ -93,26 +95,6 @@ def _topology_met(
 # --- quota ----------------------------------------------------------------------------------
 
 
-def quota_headroom(cq: ClusterQueue, cohort: Iterable[ClusterQueue]) -> int:
-    """GPUs `cq` could still reserve: its own unused nominal quota plus what it may borrow.
-
-    Borrowing is bounded by the cohort's unused lendable quota and the queue's borrowing limit.
-    """
-    in_use = max(cq.used, cq.reserved)
-    own = max(0, cq.nominal - in_use)
-    spare = 0
-    for other in cohort:
-        if other.name == cq.name:
-            continue
-        other_use = max(other.used, other.reserved)
-        spare += max(0, min(other.lendable, other.nominal - other_use))
-    limits = [q.borrowing_limit for q in cq.gpu_quotas]
-    if limits and all(limit is not None for limit in limits):
-        cap = sum(limit or 0 for limit in limits) - cq.borrowed
-        spare = min(spare, max(0, cap))
-    return own + spare
-
-
 def lent_by_queue(cohort: Sequence[ClusterQueue]) -> dict[str, int]:
     """GPUs each queue lends to the cohort's borrowers.
 
@@ -134,28 +116,46 @@ def lent_by_queue(cohort: Sequence[ClusterQueue]) -> dict[str, int]:
 
 
 def preemption_verdict(
-    gpus_needed: int,
-    level: str | None,
-    headroom: int | None,
-    level_free: int,
-    largest_free: int,
-    largest_domain: str,
+    gpus_needed: int, level: str | None, quota: Answer | None, fit: Fit | None
 ) -> tuple[Verdict, str]:
-    """Quota-driven, or topology-driven: the preemptor would have fit without preempting had the
-    free GPUs of its required level been in one domain."""
+    """Quota-driven or topology-driven, judged as Kueue decided (scheduler.go: a workload that
+    does not fit its flavors' quota preempts for quota; a TAS workload whose quota fits but
+    whose pods no domain of the required level can hold preempts to make room there,
+    tas_flavor_snapshot.go `FindTopologyAssignmentsForFlavor` with preemption).
+
+    `quota` is what the preemptor's ClusterQueue could still admit at the moment of the
+    preemption (the cohort tree's `available`, with the victims still holding theirs); `fit`
+    is the most pods of its shape one domain of its required level held then, on the nodes its
+    flavor selects. Nothing here reads the ClusterQueue status, so the verdict does not depend
+    on which informer spoke first.
+    """
     if gpus_needed <= 0:
         return "unknown", "the preemptor's GPU request is unknown"
     if level is None:
+        # Without a required topology Kueue preempts only to free quota (any resource's:
+        # topowatch counts GPUs; a cpu or memory quota can be the short one).
         return "quota", "the preemptor asked for no topology, so only quota could block it"
-    if headroom is not None and headroom < gpus_needed:
-        return "quota", f"its queue could reserve only {headroom} of the {gpus_needed} GPUs needed"
-    if level_free >= gpus_needed > largest_free:
-        where = f": {largest_domain}" if largest_domain else ""
-        return "topology", (
-            f"{level_free} GPUs were free across {level} domains, but the largest free "
-            f"{level} domain had {largest_free}{where}; it needed {gpus_needed} in one"
+    if quota is None:
+        return "unknown", "the preemptor's ClusterQueue is not known to topowatch"
+    if quota.amount is None:
+        return "unknown", quota.reason
+    if quota.amount < gpus_needed:
+        return "quota", (
+            f"its queue could reserve only {quota.amount} of the {gpus_needed} GPUs needed"
+            f" ({quota.reason})"
         )
-    return "quota", f"only {level_free} GPUs were free at {level}; it needed {gpus_needed}"
+    if fit is None or fit.status == "invalid":
+        why = fit.reason if fit is not None else "its placement could not be judged"
+        return "unknown", f"its queue had the quota, but {why}"
+    if not fit.fits:
+        return "topology", (
+            f"its queue could reserve the {gpus_needed} GPUs needed ({quota.amount} available);"
+            f" {fit.summary}"
+        )
+    return "unknown", (
+        f"its queue could reserve the {gpus_needed} GPUs needed and it {fit.summary}: neither"
+        " quota nor topology explains the preemption as topowatch saw the cluster"
+    )
 
 
 # --- pending causes ---------------------------------------------------------------------------
@@ -167,6 +167,9 @@ class PendingCause:
     quota_reason: str
     quota_message: str
     topology_message: str
+    quota_available: int | None = None  # what the queue could still admit, None if unknown
+    quota_detail: str = ""  # how that was reached, or "unknown: <why>"
+    fit: Fit | None = None  # the required level's best domain, when judged
 
     @property
     def summary(self) -> str:
@@ -178,30 +181,27 @@ _MISCONFIGURED_PHRASES = ("doesn't exist", "couldn't find matching flavor", "is 
 _TOPOLOGY_PHRASES = ("topology", "doesn't allow to fit")
 
 
-def pending_cause(
-    workload: Workload,
-    headroom: int | None,
-    largest_free: int | None,
-    largest_domain: str,
-) -> PendingCause:
-    """Why a workload without quota waits: Kueue's own reason, plus the topology reason when the
-    queue has room but no single domain at the required level does."""
+def pending_cause(workload: Workload, quota: Answer | None, fit: Fit | None) -> PendingCause:
+    """Why a workload without quota waits: Kueue's own reason, plus the topology reason when
+    its queue has the quota (`quota`, the cohort tree's `available`) but no domain of its
+    required level holds its pods (`fit`, counted in whole pods on the flavor's nodes)."""
     cond = workload.condition("QuotaReserved")
     reason = cond.reason if cond is not None and cond.status == "False" else ""
     message = cond.message if cond is not None and cond.status == "False" else ""
     needed = workload.gpus_requested
     request = _blocking_request(workload)
     level = level_of_label_key(request.level) if request and request.level else None
+    allowed = quota.amount if quota is not None else None
     topo = ""
     if (
         level is not None
-        and largest_free is not None
-        and largest_free < needed
-        and (headroom is None or headroom >= needed)
+        and fit is not None
+        and not fit.fits
+        and fit.status != "invalid"
+        and (allowed is None or allowed >= needed)
     ):
-        quota = f"quota allows {headroom} GPUs" if headroom is not None else "quota allows it"
-        where = f": {largest_domain}" if largest_domain else ""
-        topo = f"{quota} but the largest free {level} domain has {largest_free}{where}"
+        room = f"quota allows {allowed} GPUs" if allowed is not None else "quota may allow it"
+        topo = f"{room}; {fit.summary}"
     lowered = message.lower()
     if not workload.active:
         cause = "inactive"
@@ -213,7 +213,15 @@ def pending_cause(
         cause = "quota"
     else:
         cause = "waiting"
-    return PendingCause(cause, reason, message, topo)
+    return PendingCause(
+        cause,
+        reason,
+        message,
+        topo,
+        quota_available=allowed,
+        quota_detail=quota.reason if quota is not None else "",
+        fit=fit,
+    )
 
 
 def _blocking_request(workload: Workload) -> TopologyRequest | None:

@@ -109,7 +109,8 @@ def explain_text(view: Mapping[str, Any]) -> str:
         for entry in timeline:
             reason = f" ({entry['reason']})" if entry["reason"] else ""
             detail = f": {entry['detail']}" if entry["detail"] else ""
-            lines.append(f"  {entry['time'] or '?':20} {entry['step']}{reason}{detail}")
+            folded = _folded_note(entry)
+            lines.append(f"  {entry['time'] or '?':20} {entry['step']}{reason}{detail}{folded}")
     for problem in view.get("problems", []):
         lines.append(f"Note: {problem}")
     return "\n".join(lines) + "\n"
@@ -143,6 +144,37 @@ def _preemption_line(record: Mapping[str, Any], victim_side: bool) -> str:
     )
 
 
+def _folded_note(entry: Mapping[str, Any]) -> str:
+    """What a preemption step stands for: " [evicted, requeued at T, ...]"; times only where
+    they differ from the step's own."""
+    parts = []
+    for part in entry.get("folded") or []:
+        if part["step"] == entry["step"] and part["time"] == entry["time"]:
+            continue
+        at = f" at {part['time']}" if part["time"] != entry["time"] else ""
+        parts.append(f"{part['step']}{at}")
+    return f" [{', '.join(parts)}]" if parts else ""
+
+
+_LEVEL_NAMES = {"ultraserver": "UltraServer"}
+
+
+def _where_lines(loc: Mapping[str, Any]) -> list[str]:
+    """One line per level: its domain ids, with pods per domain where the pods are spread."""
+    lines = []
+    for level in loc.get("where") or []:
+        domains = level["domains"]
+        if len(domains) == 1:
+            named = domains[0]["domain"] or "no label"
+        else:
+            named = ", ".join(
+                f"{d['domain'] or 'no label'} ({d['pods']} pod{'s' if d['pods'] != 1 else ''})"
+                for d in domains
+            )
+        lines.append(f"  {_LEVEL_NAMES.get(level['level'], level['level'])}: {named}")
+    return lines
+
+
 def _placement_lines(view: Mapping[str, Any]) -> list[str]:
     loc = view.get("locality") or {}
     pods = view.get("pods", [])
@@ -157,11 +189,13 @@ def _placement_lines(view: Mapping[str, Any]) -> list[str]:
         met = {True: "met", False: "NOT met", None: "unknown"}[topo.get("met")]
         asked = f"; {topo['mode']} {topo['level']}: {met}"
     hops = loc.get("worst_pair_hops")
-    ultra = f"; inside UltraServer {loc['ultraserver']}" if loc.get("ultraserver") else ""
+    pair = loc.get("worst_pair")
+    between = f" ({pair[0]} <-> {pair[1]})" if pair else ""
     lines = [
         f"Placement: {loc['pods']} pods on {len(loc['nodes'])} nodes ({spread}); "
-        f"worst pair {hops if hops is not None else '?'} hops{asked}{ultra}"
+        f"worst pair {hops if hops is not None else '?'} hops{between}{asked}"
     ]
+    lines.extend(_where_lines(loc))  # the UltraServer among them
     lines.extend(
         f"  {p['name']} on {p['node'] or '-'} ({p['gpus']} GPUs, {p['phase']})" for p in pods
     )

@@ -4,6 +4,11 @@ One preemption reaches us up to three times: as the victim's `Preempted` (or `Ev
 condition, as a `Preempted` Event, and again after a restart from whichever of those is still
 present. Entries are merged when the same victim names the same preemptor within a few
 seconds, so each preemption is counted once however many copies arrive.
+
+Each entry says how it was `observed`: "live" when this process saw it happen, "history" when
+it was rebuilt from what was already there (a restart, a dump). Both are listed; only live
+ones move `topowatch_preemptions_total` (the rule is `ClusterModel.observed_live`). A merge is
+live when either copy is.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Literal, TypeVar
 
 K = TypeVar("K")
 Verdict = Literal["quota", "topology", "unknown"]
+Observed = Literal["live", "history"]
 
 # Condition and Event timestamps of one preemption differ by a second or two.
 SAME_PREEMPTION_WINDOW_S = 10.0
@@ -40,6 +46,7 @@ class PreemptionRecord:
     verdict_detail: str  # one sentence a person can read
     message: str
     source: str  # "condition" | "event"
+    observed: Observed = "live"  # "history": rebuilt from what was already there, not counted
 
     @property
     def victim(self) -> str:
@@ -158,4 +165,5 @@ def _merge(known: PreemptionRecord, new: PreemptionRecord) -> PreemptionRecord:
         gpus_freed=known.gpus_freed or new.gpus_freed,
         verdict=known.verdict if known.verdict != "unknown" else new.verdict,
         verdict_detail=known.verdict_detail if known.verdict != "unknown" else new.verdict_detail,
+        observed="live" if "live" in (known.observed, new.observed) else "history",
     )

@@ -16,6 +16,8 @@ from typing import Any
 
 from exporter.cluster import analysis
 from exporter.cluster.analysis import Locality, PendingCause
+from exporter.cluster.capacity.placement import Eligibility, Fit, FreeCapacity, fit, screen_nodes
+from exporter.cluster.capacity.quota import Answer, QuotaTree
 from exporter.cluster.ledger import (
     SAME_PREEMPTION_WINDOW_S,
     PreemptionLedger,
@@ -23,11 +25,14 @@ from exporter.cluster.ledger import (
     Verdict,
 )
 from exporter.cluster.objects import (
+    GPU_RESOURCE,
     ClusterQueue,
+    Cohort,
     KueueTopology,
     LocalQueue,
     Node,
     Pod,
+    PodSetRequest,
     PriorityClass,
     ResourceFlavor,
     Workload,
@@ -35,6 +40,7 @@ from exporter.cluster.objects import (
 from exporter.cluster.parse.core import parse_event, parse_node, parse_pod
 from exporter.cluster.parse.kueue import (
     parse_cluster_queue,
+    parse_cohort,
     parse_local_queue,
     parse_preemption_message,
     parse_priority_class,
@@ -43,8 +49,9 @@ from exporter.cluster.parse.kueue import (
     parse_workload,
     reason_for_cause,
 )
+from exporter.cluster.reservations import ReservationBook
 from exporter.cluster.timeline import TimelineEntry, timeline_changes
-from exporter.topology.tree import TopologyTree, level_of_label_key
+from exporter.topology.tree import Placement, TopologyTree, level_of_label_key
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +75,9 @@ KINDS = (
 VERDICT_FRESHNESS_S = 120.0
 RELEASE_MEMORY_S = 300.0
 AWAIT_PREEMPTOR_S = 60.0
+# Object timestamps have whole seconds, and a kind's first list may be taken a moment before the
+# model's first event: a preemption stamped this little before the watch began can be live.
+LIVE_SLACK_S = 2.0
 ADMISSION_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 
 
@@ -115,6 +125,7 @@ class ClusterModel:
         self.cluster_queues: dict[str, ClusterQueue] = {}
         self.local_queues: dict[tuple[str, str], LocalQueue] = {}
         self.cohorts: dict[str, str] = {}  # name -> parent
+        self.cohort_specs: dict[str, Cohort] = {}  # Cohort objects, with their own quotas
         self.flavors: dict[str, ResourceFlavor] = {}
         self.topologies: dict[str, KueueTopology] = {}
         self.priority_classes: dict[str, PriorityClass] = {}
@@ -132,6 +143,12 @@ class ClusterModel:
         self._pods_by_group: dict[object, set[tuple[str, str]]] = {}
         self._group_epoch: Counter[object] = Counter()
         self._labels_epoch = 0
+        self._nodes_epoch = 0  # any change to a Node: labels, taints, schedulable, GPUs
+        self._queues_epoch = 0  # ClusterQueues, Cohorts, ResourceFlavors
+        self.reservations = ReservationBook(RELEASE_MEMORY_S)
+        self._quota_cache: tuple[tuple[int, int], QuotaTree] | None = None
+        self._eligibility_cache: dict[str, tuple[int, Eligibility]] = {}
+        self._quota_problems_seen: set[tuple[str, str, str]] = set()
         # Pods that gave back GPUs lately, by group: a preemption verdict must judge the
         # capacity Kueue saw, and the victims' pods may be gone before their condition arrives.
         self._released: dict[object, list[tuple[str, int, float]]] = {}
@@ -139,6 +156,11 @@ class ClusterModel:
         # Ledger entries whose preemptor is not known yet, by preemptor UID: counted once it is.
         self._awaiting: dict[str, set[int]] = {}
         self._awaiting_since: deque[tuple[float, str, int]] = deque()
+        # Only preemptions seen happening are counted (observed_live): when the model first
+        # heard anything, the kinds listed once already, and whether a first list is applying.
+        self.watch_start: float | None = None
+        self._listed: set[str] = set()
+        self._replaying_history = False
         self._handlers: dict[str, Callable[[str, Mapping[str, Any], float], None]] = {
             "Node": self._apply_node,
             "Pod": self._apply_pod,
@@ -156,6 +178,8 @@ class ClusterModel:
 
     def apply(self, kind: str, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         """One watch event. Unknown kinds and malformed objects are counted, never raised."""
+        if self.watch_start is None:
+            self.watch_start = now
         handler = self._handlers.get(kind)
         if handler is None:
             self._problem(kind, "unknown_kind", f"ignored an object of unknown kind {kind!r}")
@@ -185,16 +209,26 @@ class ClusterModel:
             log.exception("cluster model failed on %s %s", kind, key)
 
     def replace(self, kind: str, items: Iterable[Mapping[str, Any]], now: float) -> None:
-        """The full current set after a (re)list: apply what changed, delete what vanished."""
+        """The full current set after a (re)list: apply what changed, delete what vanished.
+
+        A kind's first list is history: it shows what was there before this process watched
+        the kind, so the preemptions in it are ledgered uncounted (see `observed_live`)."""
+        if self.watch_start is None:
+            self.watch_start = now
         seen: set[Any] = set()
-        for obj in items:
-            key = _object_key(obj) if isinstance(obj, Mapping) else None
-            if key is not None:
-                seen.add(key)
-            self.apply(kind, "ADDED", obj, now)
-        versions = self._versions.get(kind, {})
-        for key in [k for k in versions if k not in seen]:
-            self.apply(kind, "DELETED", _stub(key), now)
+        self._replaying_history = kind not in self._listed
+        try:
+            for obj in items:
+                key = _object_key(obj) if isinstance(obj, Mapping) else None
+                if key is not None:
+                    seen.add(key)
+                self.apply(kind, "ADDED", obj, now)
+            versions = self._versions.get(kind, {})
+            for key in [k for k in versions if k not in seen]:
+                self.apply(kind, "DELETED", _stub(key), now)
+        finally:
+            self._replaying_history = False
+        self._listed.add(kind)
 
     # --- handlers -------------------------------------------------------------------------
 
@@ -204,10 +238,13 @@ class ClusterModel:
             if self.nodes.pop(name, None) is not None:
                 self.tree.remove_node(name)
                 self._labels_epoch += 1
+                self._nodes_epoch += 1
             return
         node = parse_node(obj)
         old = self.nodes.get(name)
         self.nodes[name] = node
+        if old != node:
+            self._nodes_epoch += 1
         if old is None or old.labels != node.labels:
             self._labels_epoch += 1
         if (
@@ -241,8 +278,10 @@ class ClusterModel:
             state = self.workloads.pop(key, None)
             if state is not None:
                 self._unindex_workload(state.workload)
+            self.reservations.forget(key, now)
             return
         workload = parse_workload(obj)
+        self.reservations.observe(workload, now)
         for problem in workload.problems:
             self._problem("Workload", "malformed", f"{key[0]}/{key[1]}: {problem}")
         state = self.workloads.get(key)
@@ -289,6 +328,7 @@ class ClusterModel:
         else:
             cq = parse_cluster_queue(obj)
             self.cluster_queues[cq.name] = cq
+        self._queues_epoch += 1
 
     def _apply_local_queue(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         key = (_namespace(obj), _name(obj))
@@ -298,17 +338,21 @@ class ClusterModel:
             self.local_queues[key] = parse_local_queue(obj)
 
     def _apply_cohort(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        self._queues_epoch += 1
         if event_type == "DELETED":
             self.cohorts.pop(_name(obj), None)
+            self.cohort_specs.pop(_name(obj), None)
             return
-        spec = obj.get("spec")
-        parent = ""
-        if isinstance(spec, Mapping):
-            raw = spec.get("parentName", spec.get("parent", ""))
-            parent = raw if isinstance(raw, str) else ""
-        self.cohorts[_name(obj)] = parent
+        problems: list[str] = []
+        cohort = parse_cohort(obj, problems)
+        for problem in problems:
+            self._problem("Cohort", "malformed", f"{cohort.name}: {problem}")
+        name = cohort.name or _name(obj)
+        self.cohorts[name] = cohort.parent
+        self.cohort_specs[name] = replace(cohort, name=name)
 
     def _apply_flavor(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        self._queues_epoch += 1
         if event_type == "DELETED":
             self.flavors.pop(_name(obj), None)
         else:
@@ -481,26 +525,65 @@ class ClusterModel:
             source=source,
         )
 
+    def observed_live(self, time: float) -> bool:
+        """Whether a preemption that happened at `time`, reaching the model now, was seen
+        happening by this process, as opposed to rebuilt from history. Only live ones count.
+
+        The rule: a copy (a victim's condition or a `Preempted` Event) is live unless
+        - it arrives in the first list of its kind (the start-up list, applied through
+          `replace` before that kind's first watch event): those objects were already there
+          when this process began to watch, whatever their timestamps say; or
+        - the preemption (the earliest timestamp of its copies: the condition's
+          lastTransitionTime, the Event's firstTimestamp or eventTime) is older than the
+          watch's start, `watch_start` (the `now` of the model's first list or event),
+          by more than `LIVE_SLACK_S`: a watch event or a later re-list (after 410 Gone) that
+          carries it is an old object updated, not a preemption happening.
+        A preemption is live when any of its copies is: with the Events listed before it and
+        the Workloads after, its condition arrives in a first list but its Event is watched.
+        Counted exactly once: when it is first live with its labels settled (`_record`), so a
+        copy arriving later, in either order, or a re-list repeating it, moves nothing. A
+        preemption during a broken watch, seen first in the re-list, is counted then; one that
+        happened while no process ran is in no process's counter (it stays in the ledger)."""
+        if self._replaying_history:
+            return False
+        return self.watch_start is None or time >= self.watch_start - LIVE_SLACK_S
+
     def _record(self, record: PreemptionRecord, now: float) -> bool:
-        """Ledger it; count it once its preemptor is known (or can never be), so the counter's
-        labels are settled when it moves: a counter must never be taken back."""
-        rid, new = self.ledger.record(record)
+        """Ledger it; count it once it is live (`observed_live`) and its preemptor is known
+        (or can never be), so the counter moves only for what happened while we watched and
+        with settled labels: a counter must never be taken back."""
+        rid, new = self.ledger.record(replace(record, observed="history"))
         stored = self.ledger.get(rid)
         if stored is None:
             return new
+        settled = False
         if new and stored.preemptor_uid and not stored.preemptor_name:
             self._awaiting.setdefault(stored.preemptor_uid, set()).add(rid)
             self._awaiting_since.append((now, stored.preemptor_uid, rid))
         elif rid in self._uncounted_ids(stored.preemptor_uid) and stored.preemptor_name:
-            self._awaiting[stored.preemptor_uid].discard(rid)
-            self._count(stored)
+            self._settled(stored.preemptor_uid, rid)
+            settled = True
         elif new:
+            settled = True
+        became_live = stored.observed == "history" and self.observed_live(stored.time)
+        if became_live:
+            stored = replace(stored, observed="live")
+            self.ledger.update(rid, stored)
+        waiting = rid in self._uncounted_ids(stored.preemptor_uid)
+        if stored.observed == "live" and not waiting and (settled or became_live):
             self._count(stored)
         self._flush_awaiting(now)
         return new
 
     def _uncounted_ids(self, uid: str) -> set[int]:
         return self._awaiting.get(uid, set()) if uid else set()
+
+    def _settled(self, uid: str, rid: int) -> None:
+        waiting = self._awaiting.get(uid)
+        if waiting is not None:
+            waiting.discard(rid)
+            if not waiting:
+                del self._awaiting[uid]
 
     def _count(self, record: PreemptionRecord) -> None:
         key = (
@@ -512,7 +595,7 @@ class ClusterModel:
         self.preemption_counts[key] += 1
 
     def _settle_awaiting(self, preemptor: Workload, now: float) -> None:
-        """The preemptor of earlier-seen victims arrived: name it, judge, count."""
+        """The preemptor of earlier-seen victims arrived: name it, judge, count the live ones."""
         rids = self._awaiting.pop(preemptor.uid, None) if preemptor.uid else None
         for rid in sorted(rids or ()):
             known = self.ledger.get(rid)
@@ -534,10 +617,12 @@ class ClusterModel:
                 verdict_detail=detail,
             )
             self.ledger.update(rid, settled)
-            self._count(settled)
+            if settled.observed == "live":
+                self._count(settled)
 
     def _flush_awaiting(self, now: float) -> None:
-        """A preemptor that never shows up (deleted already) leaves its victims counted as is."""
+        """A preemptor that never shows up (deleted already) leaves its live victims counted
+        as they are."""
         while self._awaiting_since and now - self._awaiting_since[0][0] > AWAIT_PREEMPTOR_S:
             _, uid, rid = self._awaiting_since.popleft()
             waiting = self._awaiting.get(uid)
@@ -547,7 +632,7 @@ class ClusterModel:
             if not waiting:
                 del self._awaiting[uid]
             record = self.ledger.get(rid)
-            if record is not None:
+            if record is not None and record.observed == "live":
                 self._count(record)
 
     def _remember_release(self, pod: Pod, now: float) -> None:
@@ -562,12 +647,10 @@ class ClusterModel:
             else:
                 self._released.pop(group, None)
 
-    def _capacity_before(
-        self, level: str, preemptor: Workload, victims: list[Workload]
-    ) -> tuple[int, int, str]:
-        """Free GPUs at `level` (total, largest domain, its id) as Kueue saw them when it chose
-        to preempt: victims' pods already deleted still held their GPUs then, and the
-        preemptor's pods already bound had not taken theirs yet."""
+    def _capacity_before(self, preemptor: Workload, victims: list[Workload]) -> _FreeBefore:
+        """Free GPUs per node as Kueue saw them when it chose to preempt: victims' pods already
+        deleted still held their GPUs then, and the preemptor's pods already bound had not taken
+        theirs yet."""
         delta_by_node: Counter[str] = Counter()
         for victim in victims:
             seen: set[tuple[str, int, float]] = set()
@@ -579,56 +662,42 @@ class ClusterModel:
         for pod in self.pods_of(preemptor):
             if pod.holds_gpus:
                 delta_by_node[pod.node] += pod.gpus
-        frag = self.tree.fragmentation(level)
-        if not delta_by_node:
-            return frag.free, frag.largest_free, frag.largest_domain
-        delta: Counter[str] = Counter()
-        for node_name, change in delta_by_node.items():
-            place = self.tree.placement(node_name)
-            domain = node_name if level == "node" else (place.domain_at(level) if place else None)
-            if domain:
-                delta[domain] += change
-        largest, largest_domain = 0, ""
-        for usage in self.tree.domains(level):
-            free = max(0, usage.free + delta.get(usage.domain, 0))
-            if free > largest:
-                largest, largest_domain = free, usage.domain
-        return max(0, frag.free + sum(delta.values())), largest, largest_domain
+        return _FreeBefore(self.tree, dict(delta_by_node))
 
     def _verdict(
         self, preemptor: Workload | None, victim: Workload | None, time: float, now: float
     ) -> tuple[Verdict, str]:
+        """Judged against the cluster at the preemption's `time`: quota from the model's own
+        accounting of reservations then (victims still holding theirs, the preemptor not yet),
+        capacity from the pods then, both on the preemptor's flavor. The same events in any
+        order give the same verdict."""
         if not self.judge_preemptions:
             return "unknown", "read from a dump, which shows the cluster only after it"
         if now - time > VERDICT_FRESHNESS_S:
             return "unknown", "happened before topowatch was watching; free capacity then unknown"
         if preemptor is None:
             return "unknown", "the preemptor is not known to topowatch"
-        request = next(
-            (
-                p.topology
-                for p in preemptor.pod_sets
-                if p.topology.mode == "required" and p.topology.level
-            ),
-            None,
+        pod_set = _required_pod_set(preemptor)
+        level = (
+            level_of_label_key(pod_set.topology.level)
+            if pod_set is not None and pod_set.topology.level
+            else None
         )
-        level = level_of_label_key(request.level) if request and request.level else None
-        cq_name = self.cluster_queue_of(preemptor)
-        headroom = self.headroom(cq_name)
-        if level is None:
-            return analysis.preemption_verdict(preemptor.gpus_requested, None, headroom, 0, 0, "")
-        victims = [victim] if victim is not None else []
-        for earlier in self.ledger.caused_by(preemptor.uid):
-            if abs(earlier.time - time) <= 10.0 and earlier.victim_name != (
-                victim.name if victim else ""
-            ):
-                state = self.workloads.get((earlier.victim_namespace, earlier.victim_name))
-                if state is not None:
-                    victims.append(state.workload)
-        free, largest, largest_domain = self._capacity_before(level, preemptor, victims)
-        return analysis.preemption_verdict(
-            preemptor.gpus_requested, level, headroom, free, largest, largest_domain
-        )
+        tree = self.quota_tree(at=time, exclude=(preemptor.key,))
+        flavor, quota = self.quota_for(preemptor, tree)
+        fitted: Fit | None = None
+        if level is not None and pod_set is not None and quota is not None:
+            victims = [victim] if victim is not None else []
+            for earlier in self.ledger.caused_by(preemptor.uid):
+                if abs(earlier.time - time) <= 10.0 and earlier.victim_name != (
+                    victim.name if victim else ""
+                ):
+                    state = self.workloads.get((earlier.victim_namespace, earlier.victim_name))
+                    if state is not None:
+                        victims.append(state.workload)
+            capacity = self._capacity_before(preemptor, victims)
+            fitted = self._fit(pod_set, flavor, capacity)
+        return analysis.preemption_verdict(preemptor.gpus_requested, level, quota, fitted)
 
     def _find_workload(self, uid: str, job_uid: str) -> Workload | None:
         key = self._wl_by_uid.get(uid) if uid else None
@@ -718,11 +787,115 @@ class ClusterModel:
             return [cq]
         return [q for q in self.cluster_queues.values() if q.cohort == cq.cohort]
 
+    def quota_tree(self, at: float | None = None, exclude: Iterable[WorkloadKey] = ()) -> QuotaTree:
+        """Kueue's cohort forest with the quota held now, or at a past moment `at`.
+
+        Now: the model's own accounting of reservations, raised to a ClusterQueue status that
+        says more (its workloads may not all be listed yet). At a past moment: the accounting
+        alone, which does not depend on when a status update arrived."""
+        if at is None and not exclude:
+            stamp = (self.reservations.epoch, self._queues_epoch)
+            if self._quota_cache is not None and self._quota_cache[0] == stamp:
+                return self._quota_cache[1]
+        if at is None:
+            usage = self.reservations.usage_now()
+            for cq in self.cluster_queues.values():
+                held = usage.setdefault(cq.name, {})
+                for flavor, resource, total in cq.reservation:
+                    key = (flavor, resource)
+                    held[key] = max(held.get(key, 0), total)
+        else:
+            usage = self.reservations.usage_at(at, exclude)
+        tree = QuotaTree.build(
+            self.cluster_queues.values(),
+            self.cohort_specs.values(),
+            usage,
+            flavors=set(self.flavors) or None,  # a dump lists no ResourceFlavors
+        )
+        if at is None and not exclude:
+            self._quota_cache = ((self.reservations.epoch, self._queues_epoch), tree)
+            self._note_quota_problems(tree)
+        return tree
+
+    def _note_quota_problems(self, tree: QuotaTree) -> None:
+        """Count each quota problem (unknown flavor, cohort cycle, bad quantity...) once when it
+        appears, under its cause, so the object-problem counter names it; answers about the
+        affected queues say "unknown: <why>" meanwhile."""
+        current = {(p.kind, p.name, p.cause): str(p) for p in tree.problems}
+        for key, detail in current.items():
+            if key not in self._quota_problems_seen:
+                self._problem(key[0] if key[0] != "usage" else "Workload", key[2], detail)
+        self._quota_problems_seen = set(current)
+
+    def quota_for(self, workload: Workload, tree: QuotaTree) -> tuple[str, Answer | None]:
+        """The GPU flavor the workload would use and what its queue can still admit there.
+
+        An admitted workload's flavor is its assignment's. Otherwise Kueue's flavor assigner
+        tries the ClusterQueue's flavors in order and takes the first whose quota fits
+        (flavorassigner.go, FlavorFungibility whenCanBorrow: Borrow by default), so the first
+        flavor that fits is answered, else the one with the most room."""
+        queue = self.cluster_queue_of(workload)
+        cq = self.cluster_queues.get(queue)
+        if cq is None:
+            return "", None
+        assigned = [f for p in workload.placements for r, f in p.flavors if r == GPU_RESOURCE]
+        flavors = assigned[:1] or [q.flavor for q in cq.gpu_quotas]
+        if not flavors:
+            return "", tree.available(queue, "", GPU_RESOURCE)
+        needed = workload.gpus_requested
+        best: tuple[str, Answer] | None = None
+        for flavor in flavors:
+            answer = tree.available(queue, flavor, GPU_RESOURCE)
+            if answer.amount is None:
+                return flavor, answer
+            if answer.amount >= needed:
+                return flavor, answer
+            if best is None or (best[1].amount or 0) < answer.amount:
+                best = (flavor, answer)
+        assert best is not None
+        return best
+
+    def eligibility(self, flavor: str) -> Eligibility:
+        """The nodes `flavor` selects that a pod may use now (and why the others not). A flavor
+        no ResourceFlavor describes (a dump lists none) selects every node."""
+        cached = self._eligibility_cache.get(flavor)
+        stamp = self._nodes_epoch * 1_000_003 + self._queues_epoch
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        spec = self.flavors.get(flavor)
+        topology = self.topologies.get(spec.topology_name) if spec is not None else None
+        levels = topology.levels if topology is not None else ()
+        value = screen_nodes(spec, self.nodes, topology_levels=levels)
+        self._eligibility_cache[flavor] = (stamp, value)
+        return value
+
+    def _fit(self, pod_set: PodSetRequest, flavor: str, capacity: FreeCapacity) -> Fit | None:
+        request = pod_set.topology
+        if not request.level:
+            return None
+        return fit(
+            capacity,
+            self.eligibility(flavor).nodes,
+            request.level,
+            pod_set.count,
+            pod_set.gpus_per_pod,
+            slice_level=request.slice_level,
+            slice_size=request.slice_size,
+        )
+
     def headroom(self, cq_name: str) -> int | None:
+        """GPUs the queue could still admit now, over its GPU flavors (None: unknown)."""
         cq = self.cluster_queues.get(cq_name)
         if cq is None:
             return None
-        return analysis.quota_headroom(cq, self.cohort_members(cq))
+        tree = self.quota_tree()
+        total = 0
+        for quota in cq.gpu_quotas:
+            answer = tree.available(cq_name, quota.flavor, GPU_RESOURCE)
+            if answer.amount is None:
+                return None
+            total += answer.amount
+        return total
 
     # --- questions ------------------------------------------------------------------------
 
@@ -736,19 +909,10 @@ class ClusterModel:
     def pending_cause(self, workload: Workload) -> PendingCause | None:
         if not is_pending(workload):
             return None
-        request = next(
-            (p.topology for p in workload.pod_sets if p.topology.mode == "required"), None
-        )
-        level = level_of_label_key(request.level) if request and request.level else None
-        largest_free: int | None = None
-        largest_domain = ""
-        if level is not None:
-            biggest = self.tree.largest_free(level)
-            largest_free = biggest.free if biggest is not None else 0
-            largest_domain = biggest.domain if biggest is not None else ""
-        return analysis.pending_cause(
-            workload, self.headroom(self.cluster_queue_of(workload)), largest_free, largest_domain
-        )
+        flavor, quota = self.quota_for(workload, self.quota_tree())
+        pod_set = _required_pod_set(workload)
+        fitted = self._fit(pod_set, flavor, self.tree) if pod_set is not None else None
+        return analysis.pending_cause(workload, quota, fitted)
 
     def pending(self) -> list[tuple[Workload, PendingCause]]:
         out = []
@@ -818,3 +982,26 @@ def _stub(key: Any) -> dict[str, Any]:
     if isinstance(key, tuple):
         return {"metadata": {"namespace": key[0], "name": key[1]}}
     return {"metadata": {"name": key}}
+
+
+def _required_pod_set(workload: Workload) -> PodSetRequest | None:
+    """The pod set whose required topology can block admission (preferred ones fall back)."""
+    for pod_set in workload.pod_sets:
+        if pod_set.topology.mode == "required" and pod_set.topology.level:
+            return pod_set
+    return None
+
+
+class _FreeBefore:
+    """The topology tree's free GPUs per node plus `delta`, the change back to an earlier
+    moment (a `FreeCapacity`)."""
+
+    def __init__(self, tree: TopologyTree, delta: Mapping[str, int]) -> None:
+        self._tree = tree
+        self._delta = delta
+
+    def node_free(self, node: str) -> int:
+        return max(0, self._tree.node_free(node) + self._delta.get(node, 0))
+
+    def placement(self, node: str) -> Placement | None:
+        return self._tree.placement(node)

@@ -122,6 +122,25 @@ class FlavorQuota:
 
 
 @dataclass(frozen=True, slots=True)
+class ResourceQuota:
+    """One (flavor, resource) entry of a ClusterQueue's or Cohort's spec.resourceGroups.
+
+    Amounts are Kueue's integers (pkg/resources AmountFromQuantity): milli-units for `cpu`, whole
+    units rounded up for every other resource (GPUs, bytes of memory). None limits mean unset.
+    When `cause` is not empty a field could not be read ("bad_quantity") or was negative
+    ("negative_quantity"), `problem` says which, and the amounts must not be trusted.
+    """
+
+    flavor: str
+    resource: str
+    nominal: int
+    borrowing_limit: int | None
+    lending_limit: int | None
+    cause: str = ""
+    problem: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterQueue:
     name: str
     cohort: str
@@ -134,6 +153,14 @@ class ClusterQueue:
     # (policy field, value), e.g. ("withinClusterQueue", "LowerPriority")
     preemption: tuple[tuple[str, str], ...]
     fair_share_weight: float = 1.0  # spec.fairSharing.weight
+    # Every (flavor, resource) quota of spec.resourceGroups, in Kueue's integer units.
+    quotas: tuple[ResourceQuota, ...] = ()
+    # Why spec.resourceGroups could not be read whole (an entry without a flavor or resource
+    # name, a list that is not a list): which quotas the queue has is then unknown.
+    quota_problems: tuple[str, ...] = ()
+    # status.flavorsReservation as (flavor, resource, total): the quota Kueue holds for the
+    # workloads with a reservation (status.flavorsUsage counts the admitted ones only).
+    reservation: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def nominal(self) -> int:
@@ -148,6 +175,21 @@ class ClusterQueue:
 
 
 @dataclass(frozen=True, slots=True)
+class Cohort:
+    """A Kueue Cohort object (v1beta1/v1beta2): its parent and the quota it adds to its tree.
+
+    ClusterQueues may also name a cohort no Cohort object describes; that cohort exists all
+    the same, with no quota, no limits and no parent.
+    """
+
+    name: str
+    parent: str  # spec.parentName, "" for the root of a cohort tree
+    quotas: tuple[ResourceQuota, ...] = ()
+    quota_problems: tuple[str, ...] = ()  # as ClusterQueue.quota_problems
+    fair_share_weight: float = 1.0  # spec.fairSharing.weight
+
+
+@dataclass(frozen=True, slots=True)
 class LocalQueue:
     namespace: str
     name: str
@@ -155,10 +197,35 @@ class LocalQueue:
 
 
 @dataclass(frozen=True, slots=True)
+class Taint:
+    """A core/v1 Taint (Node spec.taints, ResourceFlavor spec.nodeTaints)."""
+
+    key: str
+    value: str
+    effect: str  # NoSchedule | PreferNoSchedule | NoExecute
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """A core/v1 Toleration (ResourceFlavor spec.tolerations, a pod template's tolerations).
+
+    `operator` "" means Equal, as the API server defaults it.
+    """
+
+    key: str
+    operator: str  # Equal | Exists | Lt | Gt
+    value: str
+    effect: str  # "" matches every effect
+
+
+@dataclass(frozen=True, slots=True)
 class ResourceFlavor:
     name: str
     node_labels: tuple[tuple[str, str], ...]
     topology_name: str
+    # Taints every node of the flavor carries, and tolerations Kueue adds to admitted pods.
+    node_taints: tuple[Taint, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +249,8 @@ class Node:
     health: str  # sagemaker.amazonaws.com/node-health-status, "" when absent
     # "TopowatchHealthy=False (reason: message)" while our node agent reports it unhealthy
     condition_note: str = ""
+    taints: tuple[Taint, ...] = ()  # spec.taints
+    cordoned: bool = False  # spec.unschedulable
 
     def label(self, key: str) -> str:
         for k, v in self.labels:

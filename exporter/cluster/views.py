@@ -6,6 +6,8 @@ cannot drift apart.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -13,8 +15,17 @@ from typing import Any
 from exporter.cluster.analysis import PendingCause, workload_request
 from exporter.cluster.ledger import PreemptionRecord
 from exporter.cluster.model import ClusterModel, WorkloadState, is_live, is_pending
-from exporter.cluster.objects import Workload
-from exporter.topology.tree import LEVELS, level_of_label_key, render_tree
+from exporter.cluster.objects import Pod, Workload
+from exporter.cluster.timeline import TimelineEntry, fold_preemptions
+from exporter.topology.tree import (
+    LEVELS,
+    ULTRASERVER,
+    Placement,
+    render_tree,
+)
+
+# The levels a placement is named at, widest first; nodes are named pod by pod.
+PLACE_LEVELS: tuple[str, ...] = (*(lvl for lvl in LEVELS if lvl != "node"), ULTRASERVER)
 
 
 def iso(t: float | None) -> str | None:
@@ -50,6 +61,7 @@ def workload_view(model: ClusterModel, state: WorkloadState) -> dict[str, Any]:
     loc = model.locality_of(state)
     pending = model.pending_cause(wl) if is_pending(wl) else None
     pods = sorted(model.pods_of(wl), key=lambda p: p.name)
+    places = _placements(model, pods)
     return {
         "namespace": wl.namespace,
         "name": wl.name,
@@ -64,10 +76,7 @@ def workload_view(model: ClusterModel, state: WorkloadState) -> dict[str, Any]:
         "priority": wl.priority,
         "gpus_requested": wl.gpus_requested,
         "requeue_count": wl.requeue_count,
-        "timeline": [
-            {"time": iso(e.time), "step": e.step, "reason": e.reason, "detail": e.detail}
-            for e in state.timeline
-        ],
+        "timeline": [timeline_entry_view(e) for e in fold_preemptions(state.timeline)],
         "request": [
             {
                 "pod_set": ps.name,
@@ -98,7 +107,9 @@ def workload_view(model: ClusterModel, state: WorkloadState) -> dict[str, Any]:
             "nodes": list(loc.nodes),
             "domains": dict(loc.domains),
             "worst_pair_hops": loc.worst_pair_hops,
+            "worst_pair": worst_pair(places) if loc.worst_pair_hops else None,
             "ultraserver": loc.ultraserver,
+            "where": where(pods, places),
             "topology": {
                 "mode": loc.topology_mode,
                 "level": loc.topology_level,
@@ -117,15 +128,95 @@ def workload_view(model: ClusterModel, state: WorkloadState) -> dict[str, Any]:
     }
 
 
+def timeline_entry_view(entry: TimelineEntry) -> dict[str, Any]:
+    """One step; a folded preemption lists the records it stands for under `folded`."""
+    return {
+        "time": iso(entry.time),
+        "step": entry.step,
+        "reason": entry.reason,
+        "detail": entry.detail,
+        "folded": [{"step": f.step, "time": iso(f.time), "reason": f.reason} for f in entry.folded],
+    }
+
+
+def _placements(model: ClusterModel, pods: Sequence[Pod]) -> dict[str, Placement]:
+    """Each node holding one of the pods' GPUs, with its place (nodes the model knows)."""
+    out: dict[str, Placement] = {}
+    for pod in pods:
+        if pod.holds_gpus and pod.node not in out:
+            place = model.tree.placement(pod.node)
+            if place is not None:
+                out[pod.node] = place
+    return out
+
+
+def where(pods: Sequence[Pod], places: Mapping[str, Placement]) -> list[dict[str, Any]]:
+    """Per level, the domains the pods landed in with how many pods and nodes each holds.
+
+    Most pods first, then by id. Pods on nodes without the level's label are counted under
+    domain None, listed only when some node of the workload has the label.
+    """
+    pods_on: Counter[str] = Counter(p.node for p in pods if p.holds_gpus and p.node in places)
+    out: list[dict[str, Any]] = []
+    for level in PLACE_LEVELS:
+        pods_in: Counter[str | None] = Counter()
+        nodes_in: Counter[str | None] = Counter()
+        for node, count in pods_on.items():
+            domain = places[node].domain_at(level)
+            pods_in[domain] += count
+            nodes_in[domain] += 1
+        if set(pods_in) <= {None}:
+            continue
+        ranked = sorted(pods_in, key=lambda d: (d is None, -pods_in[d], d or ""))
+        out.append(
+            {
+                "level": level,
+                "domains": [
+                    {"domain": d, "pods": pods_in[d], "nodes": nodes_in[d]} for d in ranked
+                ],
+            }
+        )
+    return out
+
+
+def worst_pair(places: Mapping[str, Placement]) -> list[str] | None:
+    """Two nodes as far apart as any two of these: the first node (by name) and the first that
+    leaves its domain at the widest level where the nodes differ (analysis.worst_pair_hops)."""
+    nodes = sorted(places)
+    if len(nodes) < 2:
+        return None
+    first = places[nodes[0]]
+    for level in (lvl for lvl in LEVELS if lvl != "node"):
+        for other in nodes[1:]:
+            if places[other].domain_at(level) != first.domain_at(level):
+                return [nodes[0], other]
+    return [nodes[0], nodes[1]]
+
+
 def _pending_view(cause: PendingCause | None) -> dict[str, Any] | None:
     if cause is None:
         return None
+    fit = cause.fit
     return {
         "cause": cause.cause,
         "quota_reason": cause.quota_reason,
         "quota_message": cause.quota_message,
         "topology_message": cause.topology_message,
         "summary": cause.summary,
+        "quota_available_gpus": cause.quota_available,
+        "quota_detail": cause.quota_detail,
+        "fit": None
+        if fit is None
+        else {
+            "level": fit.level,
+            "status": fit.status,
+            "domain": fit.domain,
+            "pods_fit": fit.pods_fit,
+            "pods_needed": fit.pods_needed,
+            "gpus_per_pod": fit.gpus_per_pod,
+            "free_gpus": fit.free_gpus,
+            "summary": fit.summary,
+        },
     }
 
 
@@ -141,23 +232,29 @@ def would_run_if(model: ClusterModel, wl: Workload, pending: PendingCause | None
     if pending.cause == "misconfigured":
         out.append(f"its queue configuration is fixed: {pending.quota_message}")
     request = workload_request(wl)
-    level = level_of_label_key(request.level) if request and request.level else None
-    if pending.cause == "topology" and level is not None:
-        biggest = model.tree.largest_free(level)
-        have = biggest.free if biggest is not None else 0
-        where = f" (the best, {biggest.domain}, has {have})" if biggest is not None else ""
-        out.append(f"one {level} domain had {needed} free GPUs{where}: {needed - have} more")
-        if request is not None and request.mode == "required":
-            out.append(f"its topology request were relaxed from required to preferred {level}")
-    if pending.cause in ("quota", "topology"):
-        headroom = model.headroom(cq)
-        if headroom is not None and headroom < needed:
-            queue = model.cluster_queues.get(cq)
-            nominal = f" (nominal {queue.nominal}, in use {queue.used})" if queue else ""
+    fit = pending.fit
+    if pending.cause == "topology" and fit is not None and not fit.fits:
+        short = fit.pods_needed - fit.pods_fit
+        if fit.domain:
             out.append(
-                f"{cq} had {needed - headroom} more GPUs of quota{nominal}, by raising its "
-                "nominal quota, borrowing from the cohort, or lower-priority workloads finishing"
+                f"one {fit.level} domain had room for {short} more"
+                f" {'pod' if short == 1 else 'pods'} of {fit.gpus_per_pod} GPUs on whole nodes"
+                f" (the best, {fit.domain}, holds {fit.pods_fit} of {fit.pods_needed})"
             )
+        else:
+            out.append(f"its nodes carried a {fit.level} label ({fit.summary})")
+        if request is not None and request.mode == "required":
+            out.append(f"its topology request were relaxed from required to preferred {fit.level}")
+    if pending.cause in ("quota", "topology"):
+        available = pending.quota_available
+        if available is not None and available < needed:
+            out.append(
+                f"{cq} could admit {needed - available} more GPUs ({pending.quota_detail}), by"
+                " raising its nominal quota, borrowing from the cohort, or lower-priority"
+                " workloads finishing"
+            )
+        elif available is None and pending.quota_detail:
+            out.append(f"its queue's quota could be judged: {pending.quota_detail}")
     if pending.cause == "waiting":
         out.append("Kueue evaluates it (no reason recorded yet)")
     return out

@@ -22,7 +22,7 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Final
 
-from exporter.cluster.objects import GPU_RESOURCE, KubeEvent, Node, Pod
+from exporter.cluster.objects import GPU_RESOURCE, KubeEvent, Node, Pod, Taint, Toleration
 from exporter.topology.labels import HEALTH_STATUS_KEY
 from healthcheck.findings import HEALTH_CONDITION
 
@@ -311,6 +311,43 @@ def controlling_owner(meta: Mapping[str, Any], problems: list[str]) -> tuple[str
     return (f"{kind}/{name}" if kind or name else ""), uid
 
 
+def taints(raw: object, path: str, problems: list[str]) -> tuple[Taint, ...]:
+    """A core/v1 taint list (Node spec.taints, ResourceFlavor spec.nodeTaints).
+
+    An entry without a key or an effect is dropped with a note: the API server requires both.
+    """
+    result = []
+    for i, entry in enumerate(items(raw, path, problems)):
+        where = f"{path}[{i}]"
+        fields = mapping(entry, where, problems)
+        key = text(fields.get("key"), where + ".key", problems)
+        effect = text(fields.get("effect"), where + ".effect", problems)
+        if not key or not effect:
+            problems.append(f"{where}: a taint needs a key and an effect (ignored)")
+            continue
+        result.append(Taint(key, text(fields.get("value"), where + ".value", problems), effect))
+    return tuple(result)
+
+
+def tolerations(raw: object, path: str, problems: list[str]) -> tuple[Toleration, ...]:
+    """A core/v1 toleration list (ResourceFlavor spec.tolerations, a pod spec's tolerations)."""
+    result = []
+    for i, entry in enumerate(items(raw, path, problems)):
+        where = f"{path}[{i}]"
+        fields = mapping(entry, where, problems)
+        if not fields:
+            continue
+        result.append(
+            Toleration(
+                key=text(fields.get("key"), where + ".key", problems),
+                operator=text(fields.get("operator"), where + ".operator", problems),
+                value=text(fields.get("value"), where + ".value", problems),
+                effect=text(fields.get("effect"), where + ".effect", problems),
+            )
+        )
+    return tuple(result)
+
+
 def object_parts(obj: object, problems: list[str]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """(the object, its metadata), each empty with a note when missing or mis-shaped."""
     if type(obj) is not dict and not isinstance(obj, Mapping):
@@ -355,6 +392,8 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
             schedulable=ready and not cordoned and not health.startswith("Unschedulable"),
             health=health,
             condition_note=condition_note,
+            taints=taints(spec.get("taints"), "spec.taints", notes),
+            cordoned=cordoned,
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")

@@ -13,13 +13,16 @@ which say so): a malformed field becomes a problem note and a default.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import Any, Final
 
 from exporter.cluster.objects import (
     GPU_RESOURCE,
     ClusterQueue,
+    Cohort,
     Condition,
     DomainAssignment,
     FlavorQuota,
@@ -30,6 +33,7 @@ from exporter.cluster.objects import (
     PreemptionNote,
     PriorityClass,
     ResourceFlavor,
+    ResourceQuota,
     TopologyMode,
     TopologyRequest,
     Workload,
@@ -49,7 +53,9 @@ from exporter.cluster.parse.core import (
     pod_spec_gpus,
     report,
     string_map,
+    taints,
     text,
+    tolerations,
     type_name,
 )
 
@@ -60,6 +66,7 @@ __all__ = [
     "PREEMPTED_REASONS",
     "decode_topology_assignment",
     "parse_cluster_queue",
+    "parse_cohort",
     "parse_local_queue",
     "parse_preemption_message",
     "parse_priority_class",
@@ -67,7 +74,9 @@ __all__ = [
     "parse_resource_flavor",
     "parse_topology",
     "parse_workload",
+    "quota_amount",
     "reason_for_cause",
+    "resource_quotas",
     "topology_request",
 ]
 
@@ -645,8 +654,149 @@ def _fair_share_weight(raw: object, notes: list[str]) -> float:
     return value if value >= 0 else 1.0
 
 
+# Kueue's quota arithmetic is integer (pkg/resources Amount): AmountFromQuantity takes
+# Quantity.MilliValue() for cpu and Quantity.Value() for every other resource, both rounded up.
+# Parsed exactly here (a float makes 0.1 CPU 100.00000000000001 millicores, then 101).
+_EXACT_QUANTITY = re.compile(
+    r"([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?\d+))?"
+)
+_DECIMAL_EXPONENT: Final[Mapping[str, int]] = {
+    "n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18,
+}  # fmt: skip
+_BINARY_EXPONENT: Final[Mapping[str, int]] = {
+    "Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60,
+}  # fmt: skip
+_MAX_QUOTA_EXPONENT: Final = 40  # exponents past 1e±40 are refused, not computed
+MILLI_RESOURCES: Final = frozenset({"cpu"})  # corev1.ResourceCPU, counted in millicores
+
+
+def quota_amount(resource: str, value: object) -> int:
+    """A quota quantity as Kueue counts it: millicores for cpu, whole units (rounded up) else.
+
+    Follows AmountFromQuantity in Kueue's pkg/resources/amount.go. Negative quantities are
+    returned as they are (the caller decides); raises ValueError naming the value when it is
+    not a Kubernetes quantity.
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"expected a quantity, got {type_name(value)} {value!r:.40}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"quantity {value!r} is not finite")
+    match = _EXACT_QUANTITY.fullmatch(str(value).strip())
+    if match is None:
+        raise ValueError(f"{value!r:.40} is not a Kubernetes quantity")
+    sign, number, suffix, exponent = match.groups()
+    amount = Fraction(number)
+    if suffix in _BINARY_EXPONENT:
+        amount *= 2 ** _BINARY_EXPONENT[suffix]
+    else:
+        power = int(exponent) if exponent is not None else _DECIMAL_EXPONENT[suffix or ""]
+        if abs(power) > _MAX_QUOTA_EXPONENT:
+            raise ValueError(f"quantity {value!r:.40} is out of range")
+        amount *= Fraction(10) ** power
+    if resource in MILLI_RESOURCES:
+        amount *= 1000
+    whole = math.ceil(amount)
+    return -whole if sign == "-" else whole
+
+
+def _quota_field(
+    resource: str, raw: Mapping[str, Any], key: str, where: str
+) -> tuple[int | None, str, str]:
+    """(amount or None when unset, cause, problem) of one quota field."""
+    value = raw.get(key)
+    if value is None:
+        if key == "nominalQuota":
+            return 0, "bad_quantity", f"{where}.{key} missing"
+        return None, "", ""
+    try:
+        amount = quota_amount(resource, value)
+    except ValueError as exc:
+        return 0, "bad_quantity", f"{where}.{key}: {exc}"
+    if amount < 0:
+        return amount, "negative_quantity", f"{where}.{key}: {value!r:.40} is negative"
+    return amount, "", ""
+
+
+def resource_quotas(
+    spec: Mapping[str, Any],
+) -> tuple[tuple[ResourceQuota, ...], tuple[str, ...]]:
+    """Every (flavor, resource) quota of spec.resourceGroups (ClusterQueue or Cohort).
+
+    Returns (quotas, structural problems). A field that cannot be read stays on its entry
+    (`cause`, `problem`); a flavor or resource entry without a name, or a list that is not a
+    list, is a structural problem: which quotas the object has is then not known.
+    Kueue reads the same fields in createResourceQuotas (pkg/cache/scheduler/resource.go).
+    """
+    structure: list[str] = []
+    quotas: list[ResourceQuota] = []
+    groups = items(spec.get("resourceGroups"), "spec.resourceGroups", structure)
+    for g, group in enumerate(groups):
+        group_fields = mapping(group, f"spec.resourceGroups[{g}]", structure)
+        flavors = items(group_fields.get("flavors"), f"spec.resourceGroups[{g}].flavors", structure)
+        for f, flavor in enumerate(flavors):
+            where = f"spec.resourceGroups[{g}].flavors[{f}]"
+            before = len(structure)
+            fields = mapping(flavor, where, structure)
+            flavor_name = text(fields.get("name"), where + ".name", structure)
+            if not flavor_name:
+                if len(structure) == before:
+                    structure.append(f"{where}.name missing")
+                continue
+            resources = items(fields.get("resources"), where + ".resources", structure)
+            for r, resource in enumerate(resources):
+                at = f"{where}.resources[{r}]"
+                before = len(structure)
+                quota = mapping(resource, at, structure)
+                name = text(quota.get("name"), at + ".name", structure)
+                if not name:
+                    if len(structure) == before:
+                        structure.append(f"{at}.name missing")
+                    continue
+                nominal, cause, problem = _quota_field(name, quota, "nominalQuota", at)
+                borrowing, b_cause, b_problem = _quota_field(name, quota, "borrowingLimit", at)
+                lending, l_cause, l_problem = _quota_field(name, quota, "lendingLimit", at)
+                causes = [c for c in (cause, b_cause, l_cause) if c]
+                notes = [p for p in (problem, b_problem, l_problem) if p]
+                quotas.append(
+                    ResourceQuota(
+                        flavor=flavor_name,
+                        resource=name,
+                        nominal=nominal or 0,
+                        borrowing_limit=borrowing,
+                        lending_limit=lending,
+                        cause=causes[0] if causes else "",
+                        problem="; ".join(notes),
+                    )
+                )
+    return tuple(quotas), tuple(structure)
+
+
+def _reservation(raw: object) -> tuple[tuple[str, str, int], ...]:
+    """status.flavorsReservation as (flavor, resource, total); unreadable entries are left out."""
+    ignored: list[str] = []  # the GPU totals are already noted by _gpu_usage
+    result: list[tuple[str, str, int]] = []
+    for f, flavor in enumerate(items(raw, "status.flavorsReservation", ignored)):
+        fields = mapping(flavor, f"status.flavorsReservation[{f}]", ignored)
+        flavor_name = text(fields.get("name"), "name", ignored)
+        for resource in items(fields.get("resources"), "resources", ignored):
+            usage = mapping(resource, "resources[]", ignored)
+            name = text(usage.get("name"), "name", ignored)
+            if not (flavor_name and name):
+                continue
+            try:
+                total = quota_amount(name, usage.get("total", 0))
+            except ValueError:
+                continue
+            result.append((flavor_name, name, total))
+    return tuple(result)
+
+
 def parse_cluster_queue(obj: Mapping[str, Any], problems: list[str] | None = None) -> ClusterQueue:
-    """A ClusterQueue's GPU quotas per flavor, GPU usage, workload counts and preemption policy."""
+    """A ClusterQueue's quotas per flavor and resource, usage, workload counts and preemption.
+
+    `gpu_quotas`, `used`, `reserved` and `borrowed` count GPUs; `quotas` and `reservation` hold
+    every resource in Kueue's units (see `resource_quotas`, `quota_amount`).
+    """
     notes: list[str] = []
     try:
         body, meta = object_parts(obj, notes)
@@ -657,6 +807,8 @@ def parse_cluster_queue(obj: Mapping[str, Any], problems: list[str] | None = Non
         reserved, _ = _gpu_usage(
             status.get("flavorsReservation"), "status.flavorsReservation", notes
         )
+        # Read again for every resource, with its own notes: the GPU entries' are noted above.
+        quotas, quota_problems = resource_quotas(spec)
         queue = ClusterQueue(
             name=text(meta.get("name"), "metadata.name", notes),
             cohort=text(cohort, "spec.cohortName", notes),
@@ -668,12 +820,42 @@ def parse_cluster_queue(obj: Mapping[str, Any], problems: list[str] | None = Non
             admitted_workloads=integer(status.get("admittedWorkloads"), "status.admitted", notes),
             preemption=_preemption_policy(spec.get("preemption"), notes),
             fair_share_weight=_fair_share_weight(spec.get("fairSharing"), notes),
+            quotas=quotas,
+            quota_problems=quota_problems,
+            reservation=_reservation(status.get("flavorsReservation")),
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")
         queue = ClusterQueue("", "", (), 0, 0, 0, 0, 0, ())
     report("ClusterQueue", obj, notes, problems)
     return queue
+
+
+def parse_cohort(obj: Mapping[str, Any], problems: list[str] | None = None) -> Cohort:
+    """A Cohort (v1beta1 or v1beta2): its parent and the quota it adds to its cohort tree.
+
+    Both versions spell the parent spec.parentName (the KEP's first draft said `parent`, which
+    is read too). Quotas are read as a ClusterQueue's (`resource_quotas`).
+    """
+    notes: list[str] = []
+    try:
+        body, meta = object_parts(obj, notes)
+        spec = mapping(body.get("spec"), "spec", notes)
+        quotas, quota_problems = resource_quotas(spec)
+        cohort = Cohort(
+            name=text(meta.get("name"), "metadata.name", notes),
+            parent=text(spec.get("parentName", spec.get("parent")), "spec.parentName", notes),
+            quotas=quotas,
+            quota_problems=quota_problems,
+            fair_share_weight=_fair_share_weight(spec.get("fairSharing"), notes),
+        )
+    except Exception as exc:  # a parser bug must not take the informer down
+        notes.append(f"unexpected {type(exc).__name__}: {exc}")
+        cohort = Cohort("", "")
+    notes.extend(f"{c.problem}" for c in cohort.quotas if c.problem)
+    notes.extend(cohort.quota_problems)
+    report("Cohort", obj, notes, problems)
+    return cohort
 
 
 def parse_local_queue(obj: Mapping[str, Any], problems: list[str] | None = None) -> LocalQueue:
@@ -693,7 +875,8 @@ def parse_local_queue(obj: Mapping[str, Any], problems: list[str] | None = None)
 def parse_resource_flavor(
     obj: Mapping[str, Any], problems: list[str] | None = None
 ) -> ResourceFlavor:
-    """A ResourceFlavor: the node labels that select its nodes and its TAS topology."""
+    """A ResourceFlavor: the node labels that select its nodes, the taints those nodes carry,
+    the tolerations Kueue adds to pods it admits on it, and its TAS topology."""
     notes: list[str] = []
     body, meta = object_parts(obj, notes)
     spec = mapping(body.get("spec"), "spec", notes)
@@ -703,6 +886,8 @@ def parse_resource_flavor(
             sorted(string_map(spec.get("nodeLabels"), "spec.nodeLabels", notes).items())
         ),
         topology_name=text(spec.get("topologyName"), "spec.topologyName", notes),
+        node_taints=taints(spec.get("nodeTaints"), "spec.nodeTaints", notes),
+        tolerations=tolerations(spec.get("tolerations"), "spec.tolerations", notes),
     )
     report("ResourceFlavor", obj, notes, problems)
     return flavor

@@ -19,6 +19,10 @@ concepts, "efficient detection of changes"):
   arrive as DELETED, objects entering it as ADDED);
 - Kueue objects stored in v1beta2 and served, or written, at v1beta1 by conversion.
 
+Every resource request is also kept in a bounded log (`FakeApiServer.exchanges`): what was
+asked (verb, resource, query) and what was served (status, a list's resourceVersion and
+continue token, a watch's events), so that tests can assert the protocol exchange itself.
+
 Deliberate simplifications: no admission or schema validation (namespaces need not exist),
 no server-side apply, no graceful deletion (deletes are immediate unless the object has
 finalizers), strategic merge patch replaces lists instead of merging them by key, and
@@ -31,6 +35,8 @@ import base64
 import binascii
 import collections
 import contextlib
+import dataclasses
+import itertools
 import json
 import logging
 import random
@@ -107,6 +113,8 @@ _CONTINUE_EXPIRED = (
     " between the time the first chunk was returned and now may show up in the list."
 )
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what generateName suffixes are made of
+_EXCHANGE_LOG = 4096  # resource requests kept for tests to read back, newest kept
+_EXCHANGE_EVENTS = 256  # watch events kept per request, newest kept
 
 
 # ---------------------------------------------------------------------------------------
@@ -153,6 +161,62 @@ class _Target:
     subresource: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One resource request as the server answered it (a snapshot from
+    `FakeApiServer.exchanges`).
+
+    `events` are the watch events the stream served, oldest first (at most the newest
+    256): (type, resourceVersion) for ADDED, MODIFIED, DELETED and BOOKMARK, and
+    ("ERROR", code) for an ERROR event, e.g. ("ERROR", "410") for a resourceVersion older
+    than the history.
+    """
+
+    seq: int  # order of arrival, over the server's life
+    verb: str  # as counted in `requests`: LIST, WATCH, GET, CREATE, UPDATE, PATCH, DELETE...
+    resource: str  # the plural, with "/status" for the subresource
+    namespace: str | None
+    query: dict[str, str]
+    status: int  # the HTTP status sent (200 for a watch, whatever its events); 0: none yet
+    reason: str  # an error answer's Status reason ("Expired", ...), "" otherwise
+    resource_version: str  # a list's metadata.resourceVersion
+    continue_token: str  # a list page's metadata.continue, or the one an Expired Status offers
+    events: tuple[tuple[str, str], ...]
+
+
+@dataclass(slots=True, eq=False)
+class _Exchange:
+    """The live record behind an Exchange; written by the request's thread under the
+    server's lock."""
+
+    seq: int
+    verb: str
+    resource: str
+    namespace: str | None
+    query: dict[str, str]
+    status: int = 0
+    reason: str = ""
+    resource_version: str = ""
+    continue_token: str = ""
+    events: collections.deque[tuple[str, str]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=_EXCHANGE_EVENTS)
+    )
+
+    def snapshot(self) -> Exchange:
+        return Exchange(
+            self.seq,
+            self.verb,
+            self.resource,
+            self.namespace,
+            dict(self.query),
+            self.status,
+            self.reason,
+            self.resource_version,
+            self.continue_token,
+            tuple(self.events),
+        )
+
+
 @dataclass(slots=True, eq=False)
 class _WatchConn:
     sock: socket.socket
@@ -194,6 +258,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
     server: _HTTPServer
+    exchange: _Exchange | None = None  # this request in the server's log, once routed
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -214,6 +279,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.api.handle(self, "DELETE")
 
     def send_body(self, code: int, body: bytes, content_type: str = "application/json") -> None:
+        # Logged before it is sent: a client acting on the answer finds it in the log.
+        self.server.api.log_answer(self.exchange, code)
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -238,7 +305,8 @@ class FakeApiServer:
     `kueue_versions` are the Kueue API versions served: None for both (v1beta2, v1beta1),
     ("v1beta1",) for an old Kueue, () for a cluster without Kueue. `requests` counts each
     request as "VERB plural" (LIST, WATCH, GET, CREATE, UPDATE, PATCH, DELETE) or
-    "DISCOVERY path", for tests to assert on.
+    "DISCOVERY path", and `exchanges()` returns what each resource request asked and was
+    served, for tests to assert on.
     """
 
     def __init__(
@@ -257,6 +325,8 @@ class FakeApiServer:
         self.kueue_versions = kueue_versions
         self.requests: collections.Counter[str] = collections.Counter()
         self.stopping = False
+        self._exchanges: collections.deque[_Exchange] = collections.deque(maxlen=_EXCHANGE_LOG)
+        self._sequence = itertools.count(1)
         self._port = port
         self._lock = threading.Lock()
         self._failures: collections.deque[int] = collections.deque()
@@ -341,9 +411,56 @@ class FakeApiServer:
         with self._lock:
             return len(self._watches)
 
+    # ---- the exchange log ----
+
+    def exchanges(self, resource: str | None = None) -> list[Exchange]:
+        """The resource requests answered so far (the newest 4096), oldest first, as
+        snapshots; only those for `resource` (a plural, "pods/status") when given."""
+        with self._lock:
+            return [
+                e.snapshot() for e in self._exchanges if resource is None or e.resource == resource
+            ]
+
+    def _log_request(self, verb: str, target: _Target, query: dict[str, str]) -> _Exchange:
+        resource = target.resource.plural + (f"/{target.subresource}" if target.subresource else "")
+        with self._lock:
+            exchange = _Exchange(next(self._sequence), verb, resource, target.namespace, query)
+            self._exchanges.append(exchange)
+        return exchange
+
+    def log_answer(
+        self,
+        exchange: _Exchange | None,
+        status: int,
+        reason: str = "",
+        resource_version: str = "",
+        continue_token: str = "",
+    ) -> None:
+        """Record what a request was answered (called before the answer is sent)."""
+        if exchange is None:
+            return
+        with self._lock:
+            exchange.status = status
+            exchange.reason = reason or exchange.reason
+            exchange.resource_version = resource_version or exchange.resource_version
+            exchange.continue_token = continue_token or exchange.continue_token
+
+    def _log_events(self, exchange: _Exchange | None, events: list[tuple[str, str]]) -> None:
+        if exchange is not None and events:
+            with self._lock:
+                exchange.events.extend(events)
+
+    def _unlog_events(self, exchange: _Exchange | None, count: int) -> None:
+        """Take back the newest `count` events: writing them failed, nobody got them."""
+        if exchange is not None:
+            with self._lock:
+                for _ in range(min(count, len(exchange.events))):
+                    exchange.events.pop()
+
     # ---- request handling ----
 
     def handle(self, handler: _Handler, method: str) -> None:
+        handler.exchange = None  # one handler answers every request of a connection
         try:
             self._handle(handler, method)
         except _ApiError as error:
@@ -354,6 +471,13 @@ class FakeApiServer:
             handler.close_connection = True  # the client went away
 
     def _send_error(self, handler: _Handler, error: _ApiError) -> None:
+        fresh = error.metadata.get("continue")
+        self.log_answer(
+            handler.exchange,
+            error.code,
+            error.reason,
+            continue_token=fresh if isinstance(fresh, str) else "",
+        )
         try:
             handler.send_json(error.code, error.status())
         except OSError:
@@ -384,11 +508,12 @@ class FakeApiServer:
             f"{verb} {target.resource.plural}"
             + (f"/{target.subresource}" if target.subresource else "")
         )
+        handler.exchange = self._log_request(verb, target, query)
         self._maybe_fail()
         if verb == "WATCH":
             self._watch(handler, target, query)
         elif verb == "LIST":
-            handler.send_body(200, self._list(target, query))
+            handler.send_body(200, self._list(target, query, handler.exchange))
         elif verb == "GET":
             entry = self._existing(target)
             handler.send_body(200, entry.encoded(target.version))
@@ -579,7 +704,9 @@ class FakeApiServer:
 
         return match, not (labels.empty and fields.empty)
 
-    def _list(self, target: _Target, query: dict[str, str]) -> bytes:
+    def _list(
+        self, target: _Target, query: dict[str, str], exchange: _Exchange | None = None
+    ) -> bytes:
         match, filtered = self._matcher(target, query)
         limit = _int_param(query, "limit")
         token = query.get("continue", "")
@@ -622,6 +749,7 @@ class FakeApiServer:
             meta["continue"] = _encode_continue(page.rv, page.next_key, target.resource)
             if page.remaining is not None:
                 meta["remainingItemCount"] = page.remaining
+        self.log_answer(exchange, 200, "", meta["resourceVersion"], meta.get("continue", ""))
         head = json.dumps(
             {
                 "kind": f"{target.resource.kind}List",
@@ -685,6 +813,7 @@ class FakeApiServer:
                     "retryAfterSeconds": 1,
                 },
             )
+        self.log_answer(handler.exchange, 200)
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Transfer-Encoding", "chunked")
@@ -695,8 +824,10 @@ class FakeApiServer:
             self._watches.add(conn)
         try:
             if error is not None:
-                _chunk(
-                    handler, b'{"type":"ERROR","object":%s}\n' % json.dumps(error.status()).encode()
+                self._send_events(
+                    handler,
+                    b'{"type":"ERROR","object":%s}\n' % json.dumps(error.status()).encode(),
+                    [("ERROR", str(error.code))],
                 )
             else:
                 self._stream(
@@ -736,13 +867,23 @@ class FakeApiServer:
         bookmark_head = json.dumps(
             {"kind": target.resource.kind, "apiVersion": target.resource.api_version(version)}
         )[:-1]
-        lines = [_event_line("ADDED", e.encoded(version)) for e in initial if match(e)]
+        shown = [e for e in initial if match(e)]
+        lines = [_event_line("ADDED", e.encoded(version)) for e in shown]
         for start in range(0, len(lines), _INITIAL_BATCH):
-            _chunk(handler, b"".join(lines[start : start + _INITIAL_BATCH]))
+            batch = shown[start : start + _INITIAL_BATCH]
+            self._send_events(
+                handler,
+                b"".join(lines[start : start + _INITIAL_BATCH]),
+                [("ADDED", str(e.meta.get("resourceVersion", ""))) for e in batch],
+            )
         if initial_end_rv is not None:  # sendInitialEvents: say where the initial state ends
             end_marker = '"annotations":{"k8s.io/initial-events-end":"true"}'
             annotated = f',"metadata":{{"resourceVersion":"{initial_end_rv}",{end_marker}}}}}'
-            _chunk(handler, _event_line("BOOKMARK", (bookmark_head + annotated).encode()))
+            self._send_events(
+                handler,
+                _event_line("BOOKMARK", (bookmark_head + annotated).encode()),
+                [("BOOKMARK", str(initial_end_rv))],
+            )
         next_bookmark = time.monotonic() + self.bookmark_interval
         while not conn.dropped and not self.stopping:
             if _peer_closed(conn.sock):
@@ -758,13 +899,30 @@ class FakeApiServer:
             if got is None:
                 return  # fell behind the history: end the stream, the client re-watches
             events, cursor, store_rv = got
-            lines = [line for ev in events if (line := _filtered(ev, match, version))]
+            lines = []
+            served: list[tuple[str, str]] = []
+            for ev in events:
+                line = _filtered(ev, match, version)
+                if line:
+                    lines.append(line)
+                    served.append((_event_type(line), str(ev.rv)))
             if bookmarks and time.monotonic() >= next_bookmark:
                 rv_meta = f',"metadata":{{"resourceVersion":"{store_rv}"}}}}'
                 lines.append(_event_line("BOOKMARK", (bookmark_head + rv_meta).encode()))
+                served.append(("BOOKMARK", str(store_rv)))
                 next_bookmark = time.monotonic() + self.bookmark_interval
             if lines and not conn.dropped:
-                _chunk(handler, b"".join(lines))
+                self._send_events(handler, b"".join(lines), served)
+
+    def _send_events(self, handler: _Handler, data: bytes, served: list[tuple[str, str]]) -> None:
+        """One chunk of watch events, logged first: a client acting on them finds them in the
+        log; taken back out when the write fails."""
+        self._log_events(handler.exchange, served)
+        try:
+            _chunk(handler, data)
+        except OSError:
+            self._unlog_events(handler.exchange, len(served))
+            raise
 
     # ---- writes ----
 
@@ -1130,6 +1288,12 @@ def _event_line(event_type: str, encoded: bytes) -> bytes:
     return b'{"type":"%s","object":%s}\n' % (event_type.encode(), encoded)
 
 
+def _event_type(line: bytes) -> str:
+    """The type of an event line made by _event_line."""
+    start = len(b'{"type":"')
+    return line[start : line.index(b'"', start)].decode()
+
+
 def _filtered(event: StoredEvent, match: Match, version: str) -> bytes | None:
     """The event a selector-filtered watcher sees, as a line (None: nothing to see)."""
     now = match(event.entry)
@@ -1164,6 +1328,7 @@ def _shutdown(sock: socket.socket) -> None:
 __all__ = [
     "CORE_RESOURCES",
     "KUEUE_RESOURCES",
+    "Exchange",
     "FakeApiServer",
     "InvalidObjectError",
     "ObjectStore",

@@ -1,0 +1,150 @@
+"""The quota each ClusterQueue's workloads hold, as the model saw it, at any recent moment.
+
+Kueue charges a workload's quota from the moment it reserves quota (condition QuotaReserved
+True, status.admission written) until it gives it back (QuotaReserved False on eviction or
+requeue, Finished True, or the Workload's deletion): clusterqueue.go `updateWorkloadUsage`
+adds every workload holding a reservation, admitted or not. A ClusterQueue's status says the
+same, but later, and at whatever moment its own update reaches the informer; judging a
+preemption from it makes the verdict depend on which informer spoke first. The book keeps each
+reservation's interval from the Workload objects themselves, so the usage at a past moment
+(`usage_at`) is the same whatever order the events arrived in.
+
+Kueue clears status.admission on eviction, so what a workload held is remembered from when it
+held it; released reservations are kept for `memory_s` seconds (a preemption is judged within
+a couple of minutes of happening, see model.VERDICT_FRESHNESS_S).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from exporter.cluster.objects import GPU_RESOURCE, Workload
+
+FlavorResource = tuple[str, str]
+WorkloadKey = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Quota one workload held in one ClusterQueue from `since` until `until` (None: still)."""
+
+    cluster_queue: str
+    usage: tuple[tuple[FlavorResource, int], ...]
+    since: float | None  # None when the condition carried no time: held since before we know
+    until: float | None = None
+
+    def holds_at(self, time: float) -> bool:
+        """Held at `time`: reserved at or before it and not released before it. A workload
+        released in the same second as a preemption still held its quota when Kueue decided
+        (Kueue's timestamps are whole seconds; the eviction is what the preemption caused)."""
+        started = self.since is None or self.since <= time
+        return started and (self.until is None or self.until >= time)
+
+
+def reserved_usage(workload: Workload) -> tuple[tuple[FlavorResource, int], ...]:
+    """GPUs per flavor the workload's admission charges: each pod set's assigned GPU flavor
+    times its pod count times GPUs per pod (status.admission.podSetAssignments)."""
+    per_pod = {p.name: p.gpus_per_pod for p in workload.pod_sets}
+    totals: dict[FlavorResource, int] = {}
+    for placement in workload.placements:
+        gpus = per_pod.get(placement.name, 0) * placement.count
+        if gpus <= 0:
+            continue
+        for resource, flavor in placement.flavors:
+            if resource == GPU_RESOURCE:
+                key = (flavor, resource)
+                totals[key] = totals.get(key, 0) + gpus
+    return tuple(sorted(totals.items()))
+
+
+def _holding(workload: Workload) -> bool:
+    return (
+        workload.is_true("QuotaReserved")
+        and bool(workload.cluster_queue)
+        and not workload.is_true("Finished")
+    )
+
+
+def _release_time(workload: Workload, now: float) -> float:
+    """When the workload gave its quota back: the condition that says so, else `now`."""
+    for type_, status in (("Finished", "True"), ("QuotaReserved", "False"), ("Evicted", "True")):
+        cond = workload.condition(type_)
+        if cond is not None and cond.status == status and cond.last_transition is not None:
+            return cond.last_transition
+    return now
+
+
+class ReservationBook:
+    """Reservations by workload, current and recently released."""
+
+    def __init__(self, memory_s: float = 300.0) -> None:
+        self.memory_s = memory_s
+        self._held: dict[WorkloadKey, Reservation] = {}
+        self._released: deque[tuple[float, WorkloadKey, Reservation]] = deque()
+        self.epoch = 0  # moves whenever current usage may have changed
+
+    def observe(self, workload: Workload, now: float) -> None:
+        """A Workload as it is now: start, keep, or end its reservation."""
+        key = workload.key
+        current = self._held.get(key)
+        if _holding(workload):
+            cond = workload.condition("QuotaReserved")
+            since = cond.last_transition if cond is not None else None
+            usage = reserved_usage(workload)
+            fresh = Reservation(workload.cluster_queue, usage, since)
+            if current != fresh:
+                if current is not None and current.since != since:
+                    self._release(key, current, since if since is not None else now)
+                self._held[key] = fresh
+                self.epoch += 1
+        elif current is not None:
+            self._release(key, current, _release_time(workload, now))
+        self._expire(now)
+
+    def forget(self, key: WorkloadKey, now: float) -> None:
+        """The Workload was deleted: whatever it held is released now."""
+        current = self._held.get(key)
+        if current is not None:
+            self._release(key, current, now)
+        self._expire(now)
+
+    def _release(self, key: WorkloadKey, reservation: Reservation, until: float) -> None:
+        del self._held[key]
+        since = reservation.since
+        if since is not None and until < since:
+            until = since
+        ended = Reservation(reservation.cluster_queue, reservation.usage, since, until)
+        self._released.append((until, key, ended))
+        self.epoch += 1
+
+    def _expire(self, now: float) -> None:
+        while self._released and now - self._released[0][0] > self.memory_s:
+            self._released.popleft()
+
+    def usage_now(self) -> dict[str, dict[FlavorResource, int]]:
+        """Quota held right now, per ClusterQueue and (flavor, resource)."""
+        return _sum(self._held.values())
+
+    def usage_at(
+        self, time: float, exclude: Iterable[WorkloadKey] = ()
+    ) -> dict[str, dict[FlavorResource, int]]:
+        """Quota held at `time`, leaving out `exclude` (the preemptor being judged: it reserves
+        in the same second its victims release, and its reservation is the consequence)."""
+        skip = set(exclude)
+        held = [r for k, r in self._held.items() if k not in skip and r.holds_at(time)]
+        held += [r for _, k, r in self._released if k not in skip and r.holds_at(time)]
+        return _sum(held)
+
+    def held_by(self, key: WorkloadKey) -> Reservation | None:
+        return self._held.get(key)
+
+
+def _sum(reservations: Iterable[Reservation]) -> dict[str, dict[FlavorResource, int]]:
+    out: dict[str, dict[FlavorResource, int]] = {}
+    for reservation in reservations:
+        queue = out.setdefault(reservation.cluster_queue, {})
+        for fr, amount in reservation.usage:
+            queue[fr] = queue.get(fr, 0) + amount
+    return out
