@@ -17,7 +17,7 @@ a couple of minutes of happening, see model.VERDICT_FRESHNESS_S).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from exporter.cluster.objects import GPU_RESOURCE, Workload
