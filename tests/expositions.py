@@ -144,11 +144,18 @@ def node_exposition(profile: str, node_name: str) -> bytes:
 
 @functools.cache
 def simulated_world() -> SimulatedWorld:
-    """A default-shaped cluster stepped for a few simulated minutes, modelled by a service."""
+    """A default-shaped cluster stepped for a few simulated minutes, modelled by a service that
+    listed it before the minutes began and re-lists it after them, as informers resuming a
+    watch do: what happened in between (admissions, preemptions) happened while it watched."""
     now = START
     store = ObjectStore(clock=lambda: now)
     cluster = SimulatedCluster(store, seed=0, start=START)
     cluster.bootstrap()
+    clock = [START]
+    controller = RemediationController(PolicyConfig(), [], clock=lambda: clock[0])
+    service = ClusterService(controller=controller, clock=lambda: clock[0], quota_min_observed_s=0)
+    for kind, plural in _PLURALS:
+        service.replace(kind, [dict(obj, kind=kind) for obj in store.items(plural)])
     nodes = cluster.nodes()
     cordoned = nodes[1].name
     cluster.cordon(cordoned)
@@ -157,9 +164,7 @@ def simulated_world() -> SimulatedWorld:
     for tick in range(1, SIMULATED_MINUTES * 6 + 1):
         now = START + 10.0 * tick
         cluster.step(now)
-    clock_now = now
-    controller = RemediationController(PolicyConfig(), [], clock=lambda: clock_now)
-    service = ClusterService(controller=controller, clock=lambda: clock_now, quota_min_observed_s=0)
+    clock_now = clock[0] = now
     sick = nodes[0].name
     for kind, plural in _PLURALS:
         items = [dict(obj, kind=kind) for obj in store.items(plural)]

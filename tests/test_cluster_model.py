@@ -399,8 +399,8 @@ def test_pending_cause_names_the_largest_free_domain_when_topology_blocks() -> N
     cause = model.pending_cause(model.workload_state(NS_A, "waiting").workload)
     assert cause is not None and cause.cause == "topology"
     assert cause.topology_message == (
-        "quota allows 48 GPUs; fits 1 of 2 pods of 8 GPUs in the largest free"
-        " network-node-layer-3 domain nn-a (8 free GPUs there)"
+        "quota allows 48 GPUs; required network-node-layer-3: fits 1 of 2 pods of 8 GPUs in"
+        " the largest free network-node-layer-3 domain nn-a (8 free GPUs there)"
     )
     view = workload_view(model, model.workload_state(NS_A, "waiting"))
     assert any("room for 1 more pod of 8 GPUs" in fix for fix in view["would_run_if"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from exporter.cluster.capacity.placement import Fit
+from exporter.cluster.capacity.placement import Fit, PlacementAnswer
 from exporter.cluster.capacity.quota import Answer
 from exporter.cluster.ledger import Verdict
 from exporter.cluster.objects import ClusterQueue, TopologyRequest, Workload
@@ -169,7 +169,8 @@ class PendingCause:
     topology_message: str
     quota_available: int | None = None  # what the queue could still admit, None if unknown
     quota_detail: str = ""  # how that was reached, or "unknown: <why>"
-    fit: Fit | None = None  # the required level's best domain, when judged
+    fit: Fit | None = None  # the requested level's best domain, when judged
+    placement: PlacementAnswer | None = None  # the whole request (preferred climbs, spreads)
 
     @property
     def summary(self) -> str:
@@ -178,36 +179,42 @@ class PendingCause:
 
 _MISCONFIGURED_REASONS = frozenset({"Misconfigured", "NoMatchingFlavor", "ClusterQueueStopped"})
 _MISCONFIGURED_PHRASES = ("doesn't exist", "couldn't find matching flavor", "is inactive")
-_TOPOLOGY_PHRASES = ("topology", "doesn't allow to fit")
+_TOPOLOGY_PHRASES = ("allows to fit only", "doesn't allow to fit", "topology")
 
 
-def pending_cause(workload: Workload, quota: Answer | None, fit: Fit | None) -> PendingCause:
+def pending_cause(
+    workload: Workload, quota: Answer | None, placement: PlacementAnswer | None
+) -> PendingCause:
     """Why a workload without quota waits: Kueue's own reason, plus the topology reason when
-    its queue has the quota (`quota`, the cohort tree's `available`) but no domain of its
-    required level holds its pods (`fit`, counted in whole pods on the flavor's nodes)."""
+    its queue has the quota (`quota`, the cohort tree's `available`) but Kueue's TAS could not
+    place its pods (`placement`: whole pods per node, on the flavor's nodes; a required level
+    never climbs, a preferred one climbs and then spreads, tas_flavor_snapshot.go).
+
+    Kueue says the same in its QuotaReserved message ("topology ... allows to fit only N out of
+    M pod(s)"); that message alone makes the cause topology when topowatch's quota answer does
+    not say the queue is short."""
     cond = workload.condition("QuotaReserved")
     reason = cond.reason if cond is not None and cond.status == "False" else ""
     message = cond.message if cond is not None and cond.status == "False" else ""
     needed = workload.gpus_requested
-    request = _blocking_request(workload)
-    level = level_of_label_key(request.level) if request and request.level else None
     allowed = quota.amount if quota is not None else None
+    quota_short = allowed is not None and allowed < needed
     topo = ""
     if (
-        level is not None
-        and fit is not None
-        and not fit.fits
-        and fit.status != "invalid"
-        and (allowed is None or allowed >= needed)
+        placement is not None
+        and not placement.placeable
+        and placement.mode in ("required", "preferred", "slices")
+        and not quota_short
     ):
         room = f"quota allows {allowed} GPUs" if allowed is not None else "quota may allow it"
-        topo = f"{room}; {fit.summary}"
+        topo = f"{room}; {placement.summary}"
+    asked = placement is not None and placement.mode in ("required", "preferred", "slices")
     lowered = message.lower()
     if not workload.active:
         cause = "inactive"
     elif reason in _MISCONFIGURED_REASONS or any(p in lowered for p in _MISCONFIGURED_PHRASES):
         cause = "misconfigured"
-    elif topo or (level is not None and any(p in lowered for p in _TOPOLOGY_PHRASES)):
+    elif topo or (asked and not quota_short and any(p in lowered for p in _TOPOLOGY_PHRASES)):
         cause = "topology"
     elif "quota" in lowered or reason in ("Pending", "WaitingForQuota"):
         cause = "quota"
@@ -220,7 +227,8 @@ def pending_cause(workload: Workload, quota: Answer | None, fit: Fit | None) -> 
         topo,
         quota_available=allowed,
         quota_detail=quota.reason if quota is not None else "",
-        fit=fit,
+        fit=placement.tried[0] if placement is not None and placement.tried else None,
+        placement=placement,
     )
 
 

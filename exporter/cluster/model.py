@@ -16,7 +16,14 @@ from typing import Any
 
 from exporter.cluster import analysis
 from exporter.cluster.analysis import Locality, PendingCause
-from exporter.cluster.capacity.placement import Eligibility, Fit, FreeCapacity, fit, screen_nodes
+from exporter.cluster.capacity.placement import (
+    Eligibility,
+    Fit,
+    FreeCapacity,
+    fit,
+    place,
+    screen_nodes,
+)
 from exporter.cluster.capacity.quota import Answer, QuotaTree
 from exporter.cluster.ledger import (
     SAME_PREEMPTION_WINDOW_S,
@@ -662,7 +669,7 @@ class ClusterModel:
         for pod in self.pods_of(preemptor):
             if pod.holds_gpus:
                 delta_by_node[pod.node] += pod.gpus
-        return _FreeBefore(self.tree, dict(delta_by_node))
+        return _FreeBefore(self.tree, self.nodes, dict(delta_by_node))
 
     def _verdict(
         self, preemptor: Workload | None, victim: Workload | None, time: float, now: float
@@ -910,9 +917,20 @@ class ClusterModel:
         if not is_pending(workload):
             return None
         flavor, quota = self.quota_for(workload, self.quota_tree())
-        pod_set = _required_pod_set(workload)
-        fitted = self._fit(pod_set, flavor, self.tree) if pod_set is not None else None
-        return analysis.pending_cause(workload, quota, fitted)
+        pod_set = _topology_pod_set(workload)
+        answer = None
+        if pod_set is not None:
+            spec = self.flavors.get(flavor)
+            topology = self.topologies.get(spec.topology_name) if spec is not None else None
+            answer = place(
+                self.tree,
+                self.eligibility(flavor).nodes,
+                pod_set.topology,
+                pod_set.count,
+                pod_set.gpus_per_pod,
+                levels=topology.levels if topology is not None else None,
+            )
+        return analysis.pending_cause(workload, quota, answer)
 
     def pending(self) -> list[tuple[Workload, PendingCause]]:
         out = []
@@ -984,6 +1002,16 @@ def _stub(key: Any) -> dict[str, Any]:
     return {"metadata": {"name": key}}
 
 
+def _topology_pod_set(workload: Workload) -> PodSetRequest | None:
+    """The first pod set that asks for a topology (required, preferred or slices): the one
+    Kueue's TAS can fail to place."""
+    for pod_set in workload.pod_sets:
+        request = pod_set.topology
+        if request.mode in ("required", "preferred") or request.slice_level is not None:
+            return pod_set
+    return None
+
+
 def _required_pod_set(workload: Workload) -> PodSetRequest | None:
     """The pod set whose required topology can block admission (preferred ones fall back)."""
     for pod_set in workload.pod_sets:
@@ -994,14 +1022,29 @@ def _required_pod_set(workload: Workload) -> PodSetRequest | None:
 
 class _FreeBefore:
     """The topology tree's free GPUs per node plus `delta`, the change back to an earlier
-    moment (a `FreeCapacity`)."""
+    moment (a `FreeCapacity`).
 
-    def __init__(self, tree: TopologyTree, delta: Mapping[str, int]) -> None:
+    A node with a delta is recomputed from its allocatable GPUs and its use then (use now
+    minus `delta`), not from the tree's free GPUs now: those are clamped at 0, so a node
+    briefly over-committed in the model (the preemptor's pod seen bound before the victim's
+    pod seen deleted) would otherwise look free before the preemption."""
+
+    def __init__(
+        self, tree: TopologyTree, nodes: Mapping[str, Node], delta: Mapping[str, int]
+    ) -> None:
         self._tree = tree
+        self._nodes = nodes
         self._delta = delta
 
     def node_free(self, node: str) -> int:
-        return max(0, self._tree.node_free(node) + self._delta.get(node, 0))
+        delta = self._delta.get(node, 0)
+        if not delta:
+            return self._tree.node_free(node)
+        spec = self._nodes.get(node)
+        if spec is None or not spec.schedulable or self._tree.placement(node) is None:
+            return 0
+        used_then = max(0, self._tree.node_used(node) - delta)
+        return max(0, spec.allocatable_gpus - used_then)
 
     def placement(self, node: str) -> Placement | None:
         return self._tree.placement(node)
