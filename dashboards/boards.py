@@ -460,6 +460,10 @@ def node_hardware() -> db.Dashboard:
 
 def topology() -> db.Dashboard:
     w = f'{C}, workload=~"$workload"'
+    # Capacity series carry the ResourceFlavor whose nodes they count (flavor="", so no label,
+    # when the cluster has none): a job runs on one flavor, so figures of different flavors are
+    # shown side by side, never added together.
+    f = f'{C}, flavor=~"$flavor"'
     to_nodes = link_to(
         "node",
         "Nodes with pods of ${__data.fields.namespace}",
@@ -487,6 +491,14 @@ def topology() -> db.Dashboard:
         )
         .with_variable(
             query_variable(
+                "flavor",
+                f"label_values(topowatch_cluster_free_gpus{{{C}}}, flavor)",
+                label="ResourceFlavor",
+                multi=True,
+            )
+        )
+        .with_variable(
+            query_variable(
                 "workload", f"label_values(topowatch_workload_gpus{{{C}}}, workload)", multi=True
             )
         )
@@ -495,42 +507,49 @@ def topology() -> db.Dashboard:
         .with_panel(
             series(
                 "Free GPUs per domain at $level",
-                "Free GPUs on schedulable nodes in each domain of the chosen layer.",
+                "Free GPUs in each domain of the chosen layer, per ResourceFlavor: on the"
+                " flavor's nodes its pods may use now.",
                 "short",
                 query(
-                    "sum by (domain) "
-                    f'(topowatch_cluster_domain_gpus{{{C}, level="$level", state="free"}})',
-                    "{{domain}}",
+                    "sum by (flavor, domain) "
+                    f'(topowatch_cluster_domain_gpus{{{f}, level="$level", state="free"}})',
+                    "{{flavor}} {{domain}}",
                 ),
             )
         )
         .with_panel(
             series(
                 "Used GPUs per domain at $level",
-                "GPUs held by pods in each domain of the chosen layer.",
+                "GPUs held by pods in each domain of the chosen layer, per ResourceFlavor.",
                 "short",
                 query(
-                    "sum by (domain) "
-                    f'(topowatch_cluster_domain_gpus{{{C}, level="$level", state="used"}})',
-                    "{{domain}}",
+                    "sum by (flavor, domain) "
+                    f'(topowatch_cluster_domain_gpus{{{f}, level="$level", state="used"}})',
+                    "{{flavor}} {{domain}}",
                 ),
             )
         )
         .with_panel(
             series(
                 "Fragmentation by layer",
-                "1 - largest free block / free GPUs: 0 when every free GPU sits in one domain.",
+                "1 - largest free block / free GPUs, per ResourceFlavor: 0 when every free GPU"
+                " of the flavor sits in one domain.",
                 "percentunit",
-                query(f"topowatch_cluster_fragmentation_ratio{{{C}}}", "{{level}}"),
+                query(f"topowatch_cluster_fragmentation_ratio{{{f}}}", "{{flavor}} {{level}}"),
             )
         )
         .with_panel(
             series(
                 "Largest free block vs free GPUs",
-                "The biggest job one domain of each layer could take now, against all free GPUs.",
+                "Per ResourceFlavor, the most free GPUs one domain of each layer holds, against"
+                " all the flavor's free GPUs (a job gets one flavor; it fits only in whole pods"
+                " per node: topowatch explain says for one job).",
                 "short",
-                query(f"topowatch_cluster_largest_free_block_gpus{{{C}}}", "{{level}} largest"),
-                query(f"topowatch_cluster_free_gpus{{{C}}}", "{{level}} free"),
+                query(
+                    f"topowatch_cluster_largest_free_block_gpus{{{f}}}",
+                    "{{flavor}} {{level}} largest",
+                ),
+                query(f"topowatch_cluster_free_gpus{{{f}}}", "{{flavor}} {{level}} free"),
             )
         )
         .with_row(db.Row("Locality of running workloads"))

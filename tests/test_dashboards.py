@@ -32,6 +32,7 @@ DEFAULTS = {
     "cluster_queue": ".*",
     "workload": ".*",
     "level": "network-node-layer-3",
+    "flavor": ".*",
 }
 _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
 _LABEL_VALUES = re.compile(r"^label_values\((?:(.+),\s*)?(\w+)\)$")

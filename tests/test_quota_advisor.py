@@ -25,6 +25,7 @@ from exporter.cluster.quota.advisor import (
     advise,
     fair_share_weights,
     fair_split,
+    flavor_capacity,
     parse_quantity,
 )
 from exporter.cluster.quota.history import QuotaHistory
@@ -239,6 +240,76 @@ def test_jobs_that_fit_their_level_are_not_flagged() -> None:
     now = sim.day(history)
     recs = by_kind(advise(sim.model, history, now), "fits")
     assert not {"topology_fit", "topology_mode"} & set(recs)
+
+
+def test_whole_pods_per_node_decide_whether_a_domain_can_hold_a_job() -> None:
+    """Each layer-3 domain has 16 GPUs on 4 nodes of 4: the 16 GPUs of a 2 x 8-GPU job, but not
+    one of its pods. Kueue places whole pods on nodes, so no domain at any level can ever hold
+    it, and a preferred request would not have started it either."""
+    sim = Sim(domains=2, nodes_per_domain=4, gpus=4)
+    sim.queue("narrow", 32)
+    sim.pending("narrow", "two-by-eight", 2, ("required", L3))
+    history = new_history()
+    now = sim.day(history)
+    recs = by_kind(advise(sim.model, history, now), "narrow")
+    assert set(recs) == {"topology_fit"}, recs
+    rec = recs["topology_fit"]
+    assert (rec.current, rec.recommended) == (16, 0)
+    assert rec.evidence["largest_domain_pods"] == 0 and rec.evidence["gpus_per_pod"] == 8
+    assert "jobs of 2 pods of 8 GPUs (16 GPUs)" in rec.detail
+    assert "prefer network-node-layer-3 rather than require it, or split the job" in rec.detail
+
+
+GB200 = "ml.p6e-gb200.36xlarge"
+
+
+def resource_flavor(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": s.KUEUE_V1BETA2,
+        "kind": "ResourceFlavor",
+        "metadata": {"name": name},
+        "spec": {"nodeLabels": {"node.kubernetes.io/instance-type": name}},
+    }
+
+
+def test_flavors_are_judged_one_at_a_time_on_the_nodes_their_pods_may_use() -> None:
+    """Each layer-3 domain holds 2 p5 nodes (16 GPUs) and 4 GB200 nodes (16 GPUs). A job of
+    4 pods of 8 GPUs needs 32 GPUs in one domain: the domain has them only if the two
+    instance types are added together, which Kueue never does (a pod set gets one flavor),
+    and no GB200 node holds an 8-GPU pod. Two p5 domains together (layer 2) hold it."""
+    sim = Sim(domains=2, nodes_per_domain=2, gpus=8)
+    for d in range(2):
+        for i in range(4):
+            layers = ("nn-l1", f"nn-l2-{d // 2}", f"nn-l3-{d}")
+            sim.put("Node", s.node(f"gb-{d}-{i}", layers, 4, instance_type=GB200), T0)
+    for name in ("ml.p5.48xlarge", GB200):
+        sim.put("ResourceFlavor", resource_flavor(name), T0)
+    sim.queue("mixed", 64)
+    raw = sim.raw_queue("mixed")
+    flavors = raw["spec"]["resourceGroups"][0]["flavors"]
+    flavors.append({"name": GB200, "resources": [{"name": s.GPU, "nominalQuota": 32}]})
+    sim.put("ClusterQueue", raw, T0)
+    sim.pending("mixed", "four-by-eight", 4, ("required", L3))
+    history = new_history()
+    now = sim.day(history)
+    rec = by_kind(advise(sim.model, history, now), "mixed")["topology_fit"]
+    assert (rec.current, rec.recommended) == (32, 16)
+    assert rec.evidence["largest_domain_pods"] == 2
+    assert "largest network-node-layer-3 domain of flavor ml.p5.48xlarge holds 2" in rec.detail
+    assert "require network-node-layer-2 instead" in rec.detail
+
+    # Capacity counts the flavor's own nodes: a cordoned one still (repairs end), a node
+    # behind a taint the flavor does not tolerate not.
+    assert (flavor_capacity(sim.model, "ml.p5.48xlarge"), flavor_capacity(sim.model, GB200)) == (
+        32,
+        32,
+    )
+    cordoned = s.node("node-0-0", ("nn-l1", "nn-l2-0", "nn-l3-0"), 8, unschedulable=True)
+    sim.put("Node", cordoned, T0)
+    tainted = s.node("node-0-1", ("nn-l1", "nn-l2-0", "nn-l3-0"), 8)
+    tainted["spec"]["taints"] = [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]
+    sim.put("Node", tainted, T0)
+    assert flavor_capacity(sim.model, "ml.p5.48xlarge") == 24
 
 
 # --- capacity and fair share -----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Pure analyses over model state: locality, quota headroom, preemption verdicts, pending causes.
+"""Pure analyses over model state: locality, preemption verdicts, pending causes.
 
 Each function takes plain values and returns plain values, so the rules can be read and tested
 without a model, and the model stays a bookkeeper.
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from exporter.cluster.capacity.placement import Fit, PlacementAnswer
 from exporter.cluster.capacity.quota import Answer
 from exporter.cluster.ledger import Verdict
-from exporter.cluster.objects import ClusterQueue, TopologyRequest, Workload
+from exporter.cluster.objects import TopologyRequest, Workload
 from exporter.topology.tree import NETWORK_LEVELS, Placement, hops, level_of_label_key
 
 ZONE_LEVELS = ("region", "zone")
@@ -90,26 +90,6 @@ def _topology_met(
         return len(placements) == 1
     values = {p.domain_at(level) for p in placements.values()}
     return len(values) == 1 and None not in values and "" not in values
-
-
-# --- quota ----------------------------------------------------------------------------------
-
-
-def lent_by_queue(cohort: Sequence[ClusterQueue]) -> dict[str, int]:
-    """GPUs each queue lends to the cohort's borrowers.
-
-    Kueue reports what a queue borrows, never what it lends; the cohort's borrowing is shared
-    out over the queues with unused lendable quota, in proportion to that unused quota.
-    """
-    borrowed = sum(cq.borrowed for cq in cohort)
-    unused = {
-        cq.name: max(0, min(cq.lendable, cq.nominal - max(cq.used, cq.reserved))) for cq in cohort
-    }
-    total_unused = sum(unused.values())
-    if borrowed <= 0 or total_unused <= 0:
-        return dict.fromkeys(unused, 0)
-    lent = min(borrowed, total_unused)
-    return {name: round(lent * u / total_unused) for name, u in unused.items()}
 
 
 # --- preemption verdicts ----------------------------------------------------------------------

@@ -61,6 +61,7 @@ def model_from_objects(objects: Iterable[Mapping[str, Any]]) -> tuple[ClusterMod
             by_kind[kind].append(obj)
             newest = max(newest, _newest_time(obj))
     model = ClusterModel(judge_preemptions=False)
+    model.missing_kinds = frozenset(k for k in ("Cohort", "ResourceFlavor") if not by_kind[k])
     for kind in _LOAD_ORDER:
         model.replace(kind, by_kind[kind], newest)
     return model, newest

@@ -140,6 +140,7 @@ class InformerSet:
             for w in watched
         ]
         self._started = False
+        self.kinds: tuple[str, ...] = tuple(w.kind for w in watched)
 
     def start(self) -> InformerSet:
         """Start every informer; never raises because the server is down."""

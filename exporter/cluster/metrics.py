@@ -7,12 +7,21 @@ to `workload_cap`; the number left out is exported so a dashboard can say so.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
-from exporter.cluster.analysis import lent_by_queue
+from exporter.cluster.capacity.quota import Answer, QuotaTree
 from exporter.cluster.model import ClusterModel
-from exporter.exposition import COUNTER, GAUGE, HISTOGRAM, Family
-from exporter.topology.tree import LEVELS
+from exporter.cluster.objects import GPU_RESOURCE, ClusterQueue
+from exporter.exposition import (
+    COUNTER,
+    GAUGE,
+    HISTOGRAM,
+    Family,
+    escape_label_value,
+    label_string,
+)
+from exporter.topology.tree import LEVELS, Placement
 
 DOMAIN_STATES = ("allocatable", "used", "free", "unschedulable")
 HYPERPOD_QUEUE_PREFIX = "hyperpod-ns-"
@@ -43,36 +52,156 @@ def _levels(model: ClusterModel) -> list[str]:
     return [lvl for lvl in (*LEVELS, "ultraserver") if lvl in present]
 
 
+# Why a node a flavor's nodeLabels select is still left out of the flavor's capacity: nodes
+# without the levels of the flavor's Topology are not in Kueue's TAS tree for it.
+_OUTSIDE_FLAVOR = frozenset({"flavor", "topology-label"})
+
+
+@dataclass(frozen=True, slots=True)
+class LevelCapacity:
+    """GPUs of one topology level over one flavor's nodes.
+
+    `domains` maps each domain id to [allocatable, used, unschedulable, free]; `largest_free`
+    is the free GPUs of the domain with the most (ties: smallest id), as the topology tree
+    answers for the whole cluster."""
+
+    level: str
+    domains: Mapping[str, tuple[int, int, int, int]]
+    free: int
+    largest_free: int
+
+    @property
+    def ratio(self) -> float:
+        return 0.0 if self.free <= 0 else 1.0 - self.largest_free / self.free
+
+
+def flavor_levels(model: ClusterModel, flavor: str, levels: Sequence[str]) -> list[LevelCapacity]:
+    """Per level, the GPUs of the nodes ResourceFlavor `flavor` selects (`model.eligibility`).
+
+    A node the flavor's nodeLabels select (and that carries its Topology's levels) counts in
+    allocatable and used; its free GPUs count only when the flavor's pods may use it now
+    (Ready, not cordoned or marked unhealthy, every blocking taint tolerated), and otherwise
+    its allocatable GPUs count as unschedulable. Free and used per node come from the
+    topology tree (`node_free`, `node_used`), so they agree with the flavor-less figures.
+    """
+    eligibility = model.eligibility(flavor)
+    usable = eligibility.nodes
+    members = [
+        *usable,
+        *(e.node for e in eligibility.excluded if e.cause not in _OUTSIDE_FLAVOR),
+    ]
+    tree = model.tree
+    nodes = model.nodes
+    sums: list[dict[str, list[int]]] = [{} for _ in levels]
+    getters = [_domain_of(level) for level in levels]
+    for name in members:
+        node = nodes.get(name)
+        place = tree.placement(name)
+        if node is None or place is None:
+            continue
+        allocatable = max(0, node.allocatable_gpus)
+        used = tree.node_used(name)
+        if name in usable:
+            free, unschedulable = tree.node_free(name), 0
+        else:
+            free, unschedulable = 0, allocatable
+        for per_domain, domain_of in zip(sums, getters, strict=True):
+            domain = domain_of(name, place)
+            if not domain:
+                continue
+            total = per_domain.get(domain)
+            if total is None:
+                per_domain[domain] = [allocatable, used, unschedulable, free]
+            else:
+                total[0] += allocatable
+                total[1] += used
+                total[2] += unschedulable
+                total[3] += free
+    out = []
+    for level, per_domain in zip(levels, sums, strict=True):
+        free_total = largest = 0
+        for values in per_domain.values():
+            free_total += values[3]
+            largest = max(largest, values[3])
+        domains = {d: (v[0], v[1], v[2], v[3]) for d, v in sorted(per_domain.items())}
+        out.append(LevelCapacity(level, domains, free_total, largest))
+    return out
+
+
+def _domain_of(level: str) -> Callable[[str, Placement], str]:
+    """A node's domain id at `level` as the topology tree keys it: the node's name at "node",
+    the label value elsewhere ("" when it has none)."""
+    if level == "node":
+        return lambda name, place: name
+    return lambda name, place: place.domain_at(level) or ""
+
+
 def _topology_families(model: ClusterModel) -> Iterable[Family]:
+    """Per-level capacity, per ResourceFlavor: a job on one flavor can use only its nodes, so
+    free GPUs and free blocks of different instance types are never added together. With no
+    ResourceFlavor known (a dump, a cluster without Kueue flavors), one set with flavor=""
+    over every node, straight from the topology tree."""
     gpus = Family(
         "topowatch_cluster_domain_gpus",
         GAUGE,
-        "GPUs in each topology domain by state (free counts schedulable nodes only).",
+        "GPUs of each ResourceFlavor in each topology domain by state (free: on nodes the "
+        "flavor's pods may use now; unschedulable: on its nodes they may not).",
     )
-    free = Family("topowatch_cluster_free_gpus", GAUGE, "Free GPUs at each topology level.")
+    free = Family(
+        "topowatch_cluster_free_gpus",
+        GAUGE,
+        "Free GPUs of each ResourceFlavor at each topology level.",
+    )
     largest = Family(
         "topowatch_cluster_largest_free_block_gpus",
         GAUGE,
-        "Free GPUs in the single domain with the most free GPUs, per level.",
+        "Free GPUs of a ResourceFlavor in the single domain with the most of them, per level.",
     )
     frag = Family(
         "topowatch_cluster_fragmentation_ratio",
         GAUGE,
-        "1 - largest free block / free GPUs, per level: 0 when all free GPUs sit in one domain.",
+        "1 - largest free block / free GPUs, per ResourceFlavor and level: 0 when all its free "
+        "GPUs sit in one domain.",
     )
-    domains = Family("topowatch_cluster_domains", GAUGE, "Topology domains per level.")
-    for level in _levels(model):
-        for usage in model.tree.domains(level):
-            values = (usage.allocatable, usage.used, usage.free, usage.unschedulable)
-            for state, value in zip(DOMAIN_STATES, values, strict=True):
-                gpus.add([("level", level), ("domain", usage.domain), ("state", state)], value)
-        summary = model.tree.fragmentation(level)
-        labels = [("level", level)]
-        free.add(labels, summary.free)
-        largest.add(labels, summary.largest_free)
-        frag.add(labels, summary.ratio)
-        domains.add(labels, summary.domains)
+    domains = Family(
+        "topowatch_cluster_domains",
+        GAUGE,
+        "Topology domains holding nodes of each ResourceFlavor, per level.",
+    )
+    levels = _levels(model)
+    if not model.flavors:
+        for level in levels:
+            labels = [("flavor", ""), ("level", level)]
+            head = label_string(labels)[:-1]
+            for usage in model.tree.domains(level):
+                values = (usage.allocatable, usage.used, usage.free, usage.unschedulable)
+                _add_domain(gpus, head, usage.domain, values)
+            summary = model.tree.fragmentation(level)
+            free.add(labels, summary.free)
+            largest.add(labels, summary.largest_free)
+            frag.add(labels, summary.ratio)
+            domains.add(labels, summary.domains)
+        return [gpus, free, largest, frag, domains]
+    for flavor in sorted(model.flavors):
+        for capacity in flavor_levels(model, flavor, levels):
+            labels = [("flavor", flavor), ("level", capacity.level)]
+            head = label_string(labels)[:-1]
+            for domain, (alloc, used, unschedulable, free_gpus) in capacity.domains.items():
+                _add_domain(gpus, head, domain, (alloc, used, free_gpus, unschedulable))
+            free.add(labels, capacity.free)
+            largest.add(labels, capacity.largest_free)
+            frag.add(labels, capacity.ratio)
+            domains.add(labels, len(capacity.domains))
     return [gpus, free, largest, frag, domains]
+
+
+def _add_domain(family: Family, head: str, domain: str, values: Sequence[int]) -> None:
+    """One domain's samples, one per DOMAIN_STATES entry of `values`; `head` is the rendered
+    label string of the flavor and level without its closing brace (thousands of domains:
+    render each label string once)."""
+    prefix = f'{head},domain="{escape_label_value(domain)}",state="'
+    for state, value in zip(DOMAIN_STATES, values, strict=True):
+        family.add_rendered(f'{prefix}{state}"}}', value)
 
 
 def _workload_families(model: ClusterModel, cap: int) -> Iterable[Family]:
@@ -125,8 +254,9 @@ def _preemption_families(model: ClusterModel) -> Iterable[Family]:
     total = Family(
         "topowatch_preemptions",
         COUNTER,
-        "Preemptions seen, by victim queue, preempting queue, Kueue reason and cause "
-        "(quota, topology, or unknown when seen too late to judge).",
+        "Preemptions this process saw happen, by victim queue, preempting queue, Kueue reason "
+        "and cause (quota, topology, or unknown when seen too late to judge); those rebuilt "
+        "from history at start-up are in the ledger only, so a restart starts this at zero.",
     )
     for (victim_cq, preemptor_cq, reason, cause), count in sorted(model.preemption_counts.items()):
         total.add(
@@ -177,25 +307,44 @@ def _queue_families(model: ClusterModel) -> Iterable[Family]:
     team = Family(
         "topowatch_team_gpus",
         GAUGE,
-        "GPU quota per team (ClusterQueue): nominal, used, borrowed from and lent to the cohort.",
+        "GPU quota per team (ClusterQueue), summed over its GPU flavors: nominal, used, and "
+        "borrowed from and lent to its cohort tree by Kueue's quota rules (absent when unknown).",
     )
-    lent: dict[str, int] = {}
-    cohorts: dict[str, list[str]] = {}
-    for cq in model.cluster_queues.values():
-        cohorts.setdefault(cq.cohort or f"\0{cq.name}", []).append(cq.name)
-    for members in cohorts.values():
-        lent.update(lent_by_queue([model.cluster_queues[m] for m in members]))
+    tree = model.quota_tree()
     for name in sorted(model.cluster_queues):
         cq = model.cluster_queues[name]
         labels = [("cluster_queue", name), ("team", team_of(name)), ("cohort", cq.cohort)]
+        borrowed, lent = cohort_exchange(tree, cq)
         for state, value in (
             ("nominal", cq.nominal),
             ("used", cq.used),
-            ("borrowed", cq.borrowed),
-            ("lent", lent.get(name, 0)),
+            ("borrowed", borrowed),
+            ("lent", lent),
         ):
-            team.add([*labels, ("state", state)], value)
+            if value is not None:  # unknown (a cohort cycle, a bad quota): no sample
+                team.add([*labels, ("state", state)], value)
     return [pending, wait, team]
+
+
+def cohort_exchange(tree: QuotaTree, cq: ClusterQueue) -> tuple[int | None, int | None]:
+    """GPUs the queue borrows from its cohort tree and lends to it, summed over its GPU
+    flavors: `QuotaTree.borrowed` and `QuotaTree.lent` per (flavor, nvidia.com/gpu), which
+    follow Kueue's quota rules (usage past nominalQuota; own unused nominal quota that others
+    use now). Either is None when the quota model cannot answer it for some flavor."""
+    flavors = list(dict.fromkeys(q.flavor for q in cq.gpu_quotas))
+    return (
+        _summed(tree.borrowed(cq.name, f, GPU_RESOURCE) for f in flavors),
+        _summed(tree.lent(cq.name, f, GPU_RESOURCE) for f in flavors),
+    )
+
+
+def _summed(answers: Iterable[Answer]) -> int | None:
+    total = 0
+    for answer in answers:
+        if answer.amount is None:
+            return None
+        total += answer.amount
+    return total
 
 
 def _model_families(model: ClusterModel) -> Iterable[Family]:

@@ -20,6 +20,7 @@ from exporter.cluster.capacity.placement import (
     Eligibility,
     Fit,
     FreeCapacity,
+    PlacementAnswer,
     fit,
     place,
     screen_nodes,
@@ -58,6 +59,7 @@ from exporter.cluster.parse.kueue import (
 )
 from exporter.cluster.reservations import ReservationBook
 from exporter.cluster.timeline import TimelineEntry, timeline_changes
+from exporter.topology.labels import INSTANCE_TYPE_KEY
 from exporter.topology.tree import Placement, TopologyTree, level_of_label_key
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,10 @@ AWAIT_PREEMPTOR_S = 60.0
 # Object timestamps have whole seconds, and a kind's first list may be taken a moment before the
 # model's first event: a preemption stamped this little before the watch began can be live.
 LIVE_SLACK_S = 2.0
+# Informers list their kinds in any order at start-up; a preemption seen before every kind has
+# listed is judged once they all have (or after this long, should a kind never list).
+SYNC_GRACE_S = 120.0
+AWAITING_LISTS = "awaiting the informers' first lists; judged once every kind has listed"
 ADMISSION_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 
 
@@ -156,6 +162,8 @@ class ClusterModel:
         self._quota_cache: tuple[tuple[int, int], QuotaTree] | None = None
         self._eligibility_cache: dict[str, tuple[int, Eligibility]] = {}
         self._quota_problems_seen: set[tuple[str, str, str]] = set()
+        self._placement_cache: dict[tuple[str, Any, int, int], PlacementAnswer] = {}
+        self._placement_stamp: tuple[int, int, int] | None = None
         # Pods that gave back GPUs lately, by group: a preemption verdict must judge the
         # capacity Kueue saw, and the victims' pods may be gone before their condition arrives.
         self._released: dict[object, list[tuple[str, int, float]]] = {}
@@ -167,6 +175,15 @@ class ClusterModel:
         # heard anything, the kinds listed once already, and whether a first list is applying.
         self.watch_start: float | None = None
         self._listed: set[str] = set()
+        # Kinds whose first list the model waits for before judging (set by the service from
+        # its informers; empty for a model fed by hand or from a dump), and the entries waiting.
+        self._expected_lists: frozenset[str] = frozenset()
+        self._sync_deadline: float | None = None
+        self._caught_up_at: float | None = None
+        # Kinds a dump did not hold (kubectl get ... lists no Cohorts or ResourceFlavors unless
+        # asked): answers that need them say so instead of taking them for absent.
+        self.missing_kinds: frozenset[str] = frozenset()
+        self._unjudged: set[int] = set()
         self._replaying_history = False
         self._handlers: dict[str, Callable[[str, Mapping[str, Any], float], None]] = {
             "Node": self._apply_node,
@@ -183,10 +200,29 @@ class ClusterModel:
 
     # --- ingestion ------------------------------------------------------------------------
 
+    def expect_lists(self, kinds: Iterable[str], now: float) -> None:
+        """The kinds informers will list: preemption verdicts wait until each has (at most
+        SYNC_GRACE_S from now), so which kind listed first cannot change a verdict."""
+        self._expected_lists = frozenset(kinds)
+        self._sync_deadline = now + SYNC_GRACE_S
+
+    def caught_up(self, now: float) -> bool:
+        """Every expected kind has delivered its first list (or the grace period is over)."""
+        if self._caught_up_at is not None:
+            return True
+        done = self._expected_lists <= self._listed or (
+            self._sync_deadline is not None and now >= self._sync_deadline
+        )
+        if done and self._expected_lists:
+            self._caught_up_at = now
+        return done
+
     def apply(self, kind: str, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         """One watch event. Unknown kinds and malformed objects are counted, never raised."""
         if self.watch_start is None:
             self.watch_start = now
+        if self.caught_up(now) and self._unjudged:
+            self._judge_deferred(now)
         handler = self._handlers.get(kind)
         if handler is None:
             self._problem(kind, "unknown_kind", f"ignored an object of unknown kind {kind!r}")
@@ -236,6 +272,8 @@ class ClusterModel:
         finally:
             self._replaying_history = False
         self._listed.add(kind)
+        if self.caught_up(now) and self._unjudged:  # caught_up first: it notes when
+            self._judge_deferred(now)
 
     # --- handlers -------------------------------------------------------------------------
 
@@ -577,6 +615,9 @@ class ClusterModel:
             stored = replace(stored, observed="live")
             self.ledger.update(rid, stored)
         waiting = rid in self._uncounted_ids(stored.preemptor_uid)
+        if stored.verdict_detail == AWAITING_LISTS:
+            self._unjudged.add(rid)
+            waiting = True  # counted once judged (_judge_deferred)
         if stored.observed == "live" and not waiting and (settled or became_live):
             self._count(stored)
         self._flush_awaiting(now)
@@ -624,7 +665,9 @@ class ClusterModel:
                 verdict_detail=detail,
             )
             self.ledger.update(rid, settled)
-            if settled.observed == "live":
+            if settled.verdict_detail == AWAITING_LISTS:
+                self._unjudged.add(rid)
+            elif settled.observed == "live":
                 self._count(settled)
 
     def _flush_awaiting(self, now: float) -> None:
@@ -641,6 +684,23 @@ class ClusterModel:
             record = self.ledger.get(rid)
             if record is not None and record.observed == "live":
                 self._count(record)
+
+    def _judge_deferred(self, now: float) -> None:
+        """Every kind has listed: judge what waited for it, and count the live ones whose
+        preemptor is settled (the others are counted when it arrives, `_settle_awaiting`)."""
+        for rid in sorted(self._unjudged):
+            known = self.ledger.get(rid)
+            if known is None or known.verdict_detail != AWAITING_LISTS:
+                continue
+            victim_state = self.workloads.get((known.victim_namespace, known.victim_name))
+            victim = victim_state.workload if victim_state is not None else None
+            preemptor = self._find_workload(known.preemptor_uid, known.preemptor_job_uid)
+            verdict, detail = self._verdict(preemptor, victim, known.time, now)
+            judged = replace(known, verdict=verdict, verdict_detail=detail)
+            self.ledger.update(rid, judged)
+            if judged.observed == "live" and rid not in self._uncounted_ids(known.preemptor_uid):
+                self._count(judged)
+        self._unjudged.clear()
 
     def _remember_release(self, pod: Pod, now: float) -> None:
         for group in self._groups(pod):
@@ -680,6 +740,15 @@ class ClusterModel:
         order give the same verdict."""
         if not self.judge_preemptions:
             return "unknown", "read from a dump, which shows the cluster only after it"
+        if not self.caught_up(now):
+            return "unknown", AWAITING_LISTS
+        if self._caught_up_at is not None and time < self._caught_up_at:
+            # Some kind was listed after the preemption: a victim's pods or a workload's quota
+            # may have come and gone unseen, and a guess could be a wrong definite answer.
+            return "unknown", (
+                "happened before every informer had listed; what it was decided against may"
+                " have changed unseen"
+            )
         if now - time > VERDICT_FRESHNESS_S:
             return "unknown", "happened before topowatch was watching; free capacity then unknown"
         if preemptor is None:
@@ -853,11 +922,24 @@ class ClusterModel:
         best: tuple[str, Answer] | None = None
         for flavor in flavors:
             answer = tree.available(queue, flavor, GPU_RESOURCE)
-            if answer.amount is None:
+            amount = answer.amount
+            if amount is None:
                 return flavor, answer
-            if answer.amount >= needed:
+            unseen = []
+            if cq.cohort and "Cohort" in self.missing_kinds:
+                unseen.append(f"Cohort objects, whose quota above {cq.cohort!r} or cycle")
+            if "ResourceFlavor" in self.missing_kinds:
+                unseen.append("ResourceFlavor objects, whose absence for a named flavor")
+            if unseen:
+                answer = Answer(
+                    amount,
+                    f"{answer.reason} (as far as the dump shows: it holds no"
+                    f" {' and no '.join(unseen)} would change this)",
+                    answer.cause,
+                )
+            if amount >= needed:
                 return flavor, answer
-            if best is None or (best[1].amount or 0) < answer.amount:
+            if best is None or (best[1].amount or 0) < amount:
                 best = (flavor, answer)
         assert best is not None
         return best
@@ -870,6 +952,8 @@ class ClusterModel:
         if cached is not None and cached[0] == stamp:
             return cached[1]
         spec = self.flavors.get(flavor)
+        if spec is None and flavor and "ResourceFlavor" in self.missing_kinds:
+            spec = _flavor_by_instance_type(flavor, self.nodes.values())
         topology = self.topologies.get(spec.topology_name) if spec is not None else None
         levels = topology.levels if topology is not None else ()
         value = screen_nodes(spec, self.nodes, topology_levels=levels)
@@ -918,8 +1002,19 @@ class ClusterModel:
             return None
         flavor, quota = self.quota_for(workload, self.quota_tree())
         pod_set = _topology_pod_set(workload)
-        answer = None
-        if pod_set is not None:
+        answer = self._placement(flavor, pod_set) if pod_set is not None else None
+        return analysis.pending_cause(workload, quota, answer)
+
+    def _placement(self, flavor: str, pod_set: PodSetRequest) -> PlacementAnswer:
+        """Where Kueue's TAS could place the pod set now. Many pending workloads share a few
+        shapes: answers are kept per (flavor, shape) until the tree or the nodes change."""
+        stamp = (self.tree.version, self._nodes_epoch, self._queues_epoch)
+        if self._placement_stamp != stamp:
+            self._placement_cache.clear()
+            self._placement_stamp = stamp
+        key = (flavor, pod_set.topology, pod_set.count, pod_set.gpus_per_pod)
+        answer = self._placement_cache.get(key)
+        if answer is None:
             spec = self.flavors.get(flavor)
             topology = self.topologies.get(spec.topology_name) if spec is not None else None
             answer = place(
@@ -930,7 +1025,8 @@ class ClusterModel:
                 pod_set.gpus_per_pod,
                 levels=topology.levels if topology is not None else None,
             )
-        return analysis.pending_cause(workload, quota, answer)
+            self._placement_cache[key] = answer
+        return answer
 
     def pending(self) -> list[tuple[Workload, PendingCause]]:
         out = []
@@ -1048,3 +1144,13 @@ class _FreeBefore:
 
     def placement(self, node: str) -> Placement | None:
         return self._tree.placement(node)
+
+
+def _flavor_by_instance_type(flavor: str, nodes: Iterable[Node]) -> ResourceFlavor | None:
+    """A dump without ResourceFlavors: HyperPod names each flavor after the instance type it
+    selects (`ml.p5.48xlarge` selects node.kubernetes.io/instance-type=ml.p5.48xlarge), so a
+    flavor whose name some node carries as its instance type is taken to select those nodes.
+    Any other name stays unknown (None: every node)."""
+    if not any(node.label(INSTANCE_TYPE_KEY) == flavor for node in nodes):
+        return None
+    return ResourceFlavor(flavor, ((INSTANCE_TYPE_KEY, flavor),), "")

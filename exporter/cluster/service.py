@@ -89,7 +89,10 @@ class ClusterService:
             self.controller.observe_node(obj, self.clock(), deleted=event_type == "DELETED")
 
     def attach(self, informers: InformerSet) -> None:
+        """Informers will feed the model: verdicts wait for every kind's first list."""
         self.informers = informers
+        with self.lock:
+            self.model.expect_lists(informers.kinds, self.clock())
 
     @property
     def synced(self) -> bool:

@@ -10,10 +10,13 @@ rather than trust it. Rules, per ClusterQueue (a HyperPod team):
   everything waiting stays well under it; never down while the team's jobs wait on topology
   (their demand is hidden), and the total per flavor kept within the flavor's GPUs, shared by
   fair-share weight when demand exceeds it;
-- topology fit: jobs requiring N GPUs inside one domain of a level where no domain has N GPUs
-  can never run, whatever the quota;
-- topology mode: jobs waiting on topology while the level's free GPUs, taken together, would
-  hold them: a preferred request would have started them;
+- topology fit: jobs requiring their pods inside one domain of a level where no domain can hold
+  them, even with nothing else running, can never run, whatever the quota. Judged as Kueue's
+  TAS places pods: whole pods per node (a node of 8 GPUs holds one pod of 8, never two of 5),
+  on the nodes the queue's flavors select and their pods may use (`ClusterModel.eligibility`),
+  one flavor at a time;
+- topology mode: jobs waiting on topology whose pods a preferred request would have placed on
+  their flavor's free capacity: it would have started them;
 - borrowing limit for teams that borrow in most of the window; lending limit for quota that
   idles.
 """
@@ -25,12 +28,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from exporter.cluster.capacity.placement import Fit, NodeFreeMap, fit
 from exporter.cluster.metrics import team_of
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import ClusterQueue, FlavorQuota, Node
 from exporter.cluster.parse.core import parse_quantity as core_parse_quantity
 from exporter.cluster.quota.history import JobShape, QueueSummary, QuotaHistory
-from exporter.topology.labels import INSTANCE_TYPE_KEY, LAYER_KEYS
+from exporter.topology.labels import LAYER_KEYS, Placement
 from exporter.topology.tree import level_of_label_key
 
 Kind = Literal["nominal", "topology_fit", "borrowing_limit", "lending_limit", "topology_mode"]
@@ -67,10 +71,11 @@ class Recommendation:
 
     GPUs throughout. `current`/`recommended` mean, by kind: nominal, borrowing_limit,
     lending_limit: the quota field now and advised (`current` None: no limit set);
-    topology_fit: GPUs the team's jobs need inside one domain, and the most one domain of that
-    level has; topology_mode: GPUs on average waiting on topology, and 0 (what a preferred
-    request would leave waiting). `flavor` is the ResourceFlavor (a HyperPod instance type)
-    the change applies to, "" for advice about jobs rather than quota.
+    topology_fit: GPUs the team's jobs need inside one domain, and the GPUs of the most of
+    their pods (whole pods per node) one domain of that level can ever hold; topology_mode:
+    GPUs on average waiting on topology, and 0 (what a preferred request would leave waiting).
+    `flavor` is the ResourceFlavor (a HyperPod instance type) the change applies to, "" for
+    advice about jobs rather than quota.
     """
 
     cluster_queue: str
@@ -107,6 +112,7 @@ def advise(
     (queue, kind), so metric series never collide."""
     config = config or AdvisorConfig()
     summaries = history.summaries()
+    shapes = ShapeCapacity(model)
     recs: list[Recommendation] = []
     wants: dict[str, _Want] = {}
     for name in sorted(model.cluster_queues):
@@ -114,7 +120,7 @@ def advise(
         summary = summaries.get(name)
         if summary is None or not cq.gpu_quotas:
             continue
-        unplaceable = _unplaceable_quota_wait(model, cq, summary)
+        unplaceable = _unplaceable_quota_wait(shapes, cq, summary)
         wants[name] = _nominal_want(cq, summary, config, unplaceable)
     recs.extend(_nominal_recs(model, wants, summaries, config))
     advised_nominal = {r.cluster_queue: r.recommended for r in recs if r.kind == "nominal"}
@@ -124,7 +130,7 @@ def advise(
         nominal = advised_nominal.get(name, want.quota.nominal)
         recs.extend(_limit_recs(cq, want.quota, summary, nominal, config))
     for name in sorted(summaries):
-        recs.extend(_topology_recs(model, name, summaries[name], config))
+        recs.extend(_topology_recs(model, shapes, name, summaries[name], config))
     order = {kind: i for i, kind in enumerate(KINDS)}
     recs.sort(key=lambda r: (r.cluster_queue, order[r.kind]))
     return recs
@@ -142,20 +148,17 @@ class _Want:
     evidence: Mapping[str, float]
 
 
-def _unplaceable_quota_wait(model: ClusterModel, cq: ClusterQueue, s: QueueSummary) -> float:
-    """Average GPUs waiting on quota in jobs no domain of their required level can hold:
-    more quota would not start them, so they are not demand for quota."""
+def _unplaceable_quota_wait(shapes: ShapeCapacity, cq: ClusterQueue, s: QueueSummary) -> float:
+    """Average GPUs waiting on quota in jobs no domain of their required level can ever hold,
+    on any of the queue's flavors: more quota would not start them, so they are not demand
+    for quota."""
     flavors = [q.flavor for q in cq.gpu_quotas]
-    largest: dict[str, int] = {}
     gpu_s = 0.0
     for shape, seconds in s.shapes.items():
         if shape.state != "pending" or shape.pending_cause != "quota" or shape.mode != "required":
             continue
-        if not shape.level_key:
-            continue
-        if shape.level_key not in largest:
-            largest[shape.level_key] = largest_domain_gpus(model, shape.level_key, flavors)
-        if 0 < largest[shape.level_key] < shape.gpus:
+        best = shapes.best(flavors, shape)
+        if best is not None and best[1].status == "too-small":
             gpu_s += shape.gpus * seconds
     return gpu_s / s.seconds if s.seconds > 0 else 0.0
 
@@ -403,39 +406,51 @@ def _limit_recs(
 
 
 def _topology_recs(
-    model: ClusterModel, name: str, s: QueueSummary, config: AdvisorConfig
+    model: ClusterModel,
+    shapes: ShapeCapacity,
+    name: str,
+    s: QueueSummary,
+    config: AdvisorConfig,
 ) -> list[Recommendation]:
     cq = model.cluster_queues.get(name)
     flavors = [q.flavor for q in cq.gpu_quotas] if cq is not None else []
     team = team_of(name)
-    required: dict[str, dict[int, float]] = {}  # level key -> GPUs -> seconds seen
+    required: dict[str, dict[_PodShape, float]] = {}  # level key -> pod shape -> seconds seen
     for shape, seconds in s.shapes.items():
         if shape.mode == "required" and shape.level_key and shape.gpus > 0:
             sizes = required.setdefault(shape.level_key, {})
-            sizes[shape.gpus] = sizes.get(shape.gpus, 0.0) + seconds
+            size = _PodShape.of(shape)
+            sizes[size] = sizes.get(size, 0.0) + seconds
     recs: list[Recommendation] = []
     unplaceable_levels: set[str] = set()
-    worst: tuple[int, int, str, dict[int, float]] | None = None  # (excess, largest, key, sizes)
+    # (excess GPUs, level key, pod shape, (flavor, fit), seconds unplaceable at that level)
+    worst: tuple[int, str, _PodShape, tuple[str, Fit], float] | None = None
     for key, sizes in sorted(required.items()):
-        largest = largest_domain_gpus(model, key, flavors)
-        if largest <= 0:
-            continue  # no node carries the level's label: nothing to judge against
-        too_big = {g: t for g, t in sizes.items() if g > largest}
-        if too_big:
-            unplaceable_levels.add(key)
-            excess = max(too_big) - largest
+        too_big: dict[_PodShape, tuple[str, Fit]] = {}
+        for size in sorted(sizes):
+            best = shapes.best_for(flavors, key, size)
+            if best is not None and best[1].status == "too-small":
+                too_big[size] = best
+        if not too_big:
+            continue  # every shape fits, or no node carries the level's label: nothing to judge
+        unplaceable_levels.add(key)
+        seconds = sum(sizes[size] for size in too_big)
+        for size, best in too_big.items():
+            excess = size.gpus - best[1].pods_fit * size.gpus_per_pod
             if worst is None or excess > worst[0]:
-                worst = (excess, largest, key, too_big)
+                worst = (excess, key, size, best, seconds)
     if worst is not None:
-        _, largest, key, too_big = worst
-        needed = max(too_big)
+        _, key, size, (flavor, fitted), seconds = worst
+        needed = size.gpus
+        largest = fitted.pods_fit * size.gpus_per_pod
         level = _level_name(key)
-        higher = _level_above_that_fits(model, key, needed, flavors)
+        higher = _level_above_that_fits(shapes, key, size, flavors)
         fix = (
-            f"require {higher} instead (a domain there holds {needed}), or prefer {level}"
+            f"require {higher} instead (a domain there holds them), or prefer {level}"
             if higher
             else f"prefer {level} rather than require it, or split the job"
         )
+        where = f" of flavor {flavor}" if flavor else ""
         recs.append(
             Recommendation(
                 cluster_queue=name,
@@ -445,14 +460,19 @@ def _topology_recs(
                 recommended=largest,
                 reason=UNPLACEABLE_AT_LEVEL,
                 detail=(
-                    f"jobs of {needed} GPUs require one {level} domain, but the largest {level} "
-                    f"domain has {largest} GPUs: no quota can place them; {fix}"
+                    f"jobs of {size.words} ({needed} GPUs) require one {level} domain, but the "
+                    f"largest {level} domain{where} holds {fitted.pods_fit} of those pods "
+                    f"({largest} GPUs) with nothing else running, counting whole pods per "
+                    f"node: no quota can place them; {fix}"
                 ),
                 evidence={
                     "job_gpus": float(needed),
+                    "job_pods": float(size.pods),
+                    "gpus_per_pod": float(size.gpus_per_pod),
                     "largest_domain_gpus": float(largest),
+                    "largest_domain_pods": float(fitted.pods_fit),
                     "pending_topology_gpu_hours": round(s.pending_topology_gpu_hours, 2),
-                    "unplaceable_job_hours": round(sum(too_big.values()) / 3600.0, 2),
+                    "unplaceable_job_hours": round(seconds / 3600.0, 2),
                 },
                 level=level,
             )
@@ -495,51 +515,132 @@ def _topology_recs(
 # --- capacity ---------------------------------------------------------------------------------
 
 
+# Why a node a flavor selects is out of its pods' reach only for now: quota is planned for the
+# cluster's structure, not for this hour's repairs (`placement.ExclusionCause`).
+_UNDER_REPAIR = frozenset({"cordoned", "unhealthy", "not-ready"})
+
+
 def flavor_nodes(model: ClusterModel, flavor: str) -> list[Node]:
-    """Nodes a ResourceFlavor selects: its nodeLabels when the flavor is known, else nodes of
-    the instance type it is named after (HyperPod's convention), else every node."""
-    known = model.flavors.get(flavor)
-    if known is not None and known.node_labels:
-        return [
-            n for n in model.nodes.values() if all(n.label(k) == v for k, v in known.node_labels)
-        ]
-    typed = [n for n in model.nodes.values() if n.label(INSTANCE_TYPE_KEY) == flavor]
-    return typed or list(model.nodes.values())
+    """The nodes whose GPUs quota for ResourceFlavor `flavor` may plan on, sorted by name.
+
+    `ClusterModel.eligibility`: the flavor's nodeLabels (and its Topology's level labels) select
+    them, and its pods may use them: Ready, not cordoned or marked unhealthy, every blocking
+    taint tolerated. Nodes out only for repair (cordoned, not Ready, unhealthy) count too;
+    nodes behind a taint the flavor does not tolerate do not. A flavor no ResourceFlavor
+    describes selects every node, as it does for pending causes; one that selects none has
+    no capacity.
+    """
+    eligibility = model.eligibility(flavor)
+    names = set(eligibility.nodes)
+    names.update(e.node for e in eligibility.excluded if e.cause in _UNDER_REPAIR)
+    return [model.nodes[n] for n in sorted(names) if n in model.nodes]
 
 
 def flavor_capacity(model: ClusterModel, flavor: str) -> int:
-    """Allocatable GPUs of the flavor's nodes, cordoned ones included: quota is planned for
-    the cluster's structure, not for this hour's repairs."""
-    return sum(n.allocatable_gpus for n in flavor_nodes(model, flavor))
+    """Allocatable GPUs of the flavor's nodes (`flavor_nodes`), cordoned ones included."""
+    return sum(max(0, n.allocatable_gpus) for n in flavor_nodes(model, flavor))
 
 
-def largest_domain_gpus(model: ClusterModel, level_key: str, flavors: Iterable[str]) -> int:
-    """The most allocatable GPUs any one domain of the level holds among the flavors' nodes."""
-    nodes: dict[str, Node] = {}
-    for flavor in flavors:
-        nodes.update((n.name, n) for n in flavor_nodes(model, flavor))
-    if not nodes:
-        nodes = dict(model.nodes)
-    per_domain: dict[str, int] = {}
-    for node in nodes.values():
-        value = node.name if level_key == "kubernetes.io/hostname" else node.label(level_key)
-        if value:
-            per_domain[value] = per_domain.get(value, 0) + node.allocatable_gpus
-    return max(per_domain.values(), default=0)
+@dataclass(frozen=True, slots=True, order=True)
+class _PodShape:
+    """The pod set a topology request is about: `pods` of `gpus_per_pod`, maybe in slices."""
+
+    pods: int
+    gpus_per_pod: int
+    slice_level: str = ""
+    slice_size: int = 0
+
+    @classmethod
+    def of(cls, shape: JobShape) -> _PodShape:
+        if shape.pods > 0 and shape.gpus_per_pod > 0:
+            return cls(shape.pods, shape.gpus_per_pod, shape.slice_level, shape.slice_size)
+        return cls(1, shape.gpus)  # a shape recorded without its pod set: one pod of it all
+
+    @property
+    def gpus(self) -> int:
+        return self.pods * self.gpus_per_pod
+
+    @property
+    def words(self) -> str:
+        pods = f"{self.pods} pod{'s' if self.pods != 1 else ''}"
+        return f"{pods} of {self.gpus_per_pod} GPU{'s' if self.gpus_per_pod != 1 else ''}"
+
+
+class ShapeCapacity:
+    """Whether a job shape can ever be placed: Kueue's TAS rules (`placement.fit`) on the
+    nodes each flavor's pods may use (`ClusterModel.eligibility`), with every GPU of them free,
+    so what is running now does not count. Answers are cached for one advice run."""
+
+    def __init__(self, model: ClusterModel) -> None:
+        self._model = model
+        self._empty: NodeFreeMap | None = None
+        self._fits: dict[tuple[str, str, _PodShape], Fit] = {}
+
+    def _capacity(self) -> NodeFreeMap:
+        """Every node's allocatable GPUs free (what a domain holds with nothing running)."""
+        if self._empty is None:
+            tree = self._model.tree
+            free: dict[str, int] = {}
+            places: dict[str, Placement] = {}
+            for name, node in self._model.nodes.items():
+                place = tree.placement(name)
+                if place is not None:
+                    free[name] = max(0, node.allocatable_gpus)
+                    places[name] = place
+            self._empty = NodeFreeMap(free, places)
+        return self._empty
+
+    def fit(self, flavor: str, level_key: str, shape: _PodShape) -> Fit:
+        key = (flavor, level_key, shape)
+        found = self._fits.get(key)
+        if found is None:
+            found = self._fits[key] = fit(
+                self._capacity(),
+                self._model.eligibility(flavor).nodes,
+                level_key,
+                shape.pods,
+                shape.gpus_per_pod,
+                slice_level=shape.slice_level or None,
+                slice_size=(shape.slice_size or None) if shape.slice_level else None,
+            )
+        return found
+
+    def best_for(
+        self, flavors: Iterable[str], level_key: str, shape: _PodShape
+    ) -> tuple[str, Fit] | None:
+        """The shape's best (flavor, `Fit`) over the flavors: the first where it fits, else
+        the one whose largest domain holds the most of its pods; None when no flavor has a
+        domain of the level to judge by (no eligible node, none with the level's label, or a
+        shape that cannot be judged). Kueue tries a queue's flavors in turn, and a job runs on
+        one flavor: domains of different flavors are never added together."""
+        best: tuple[str, Fit] | None = None
+        for flavor in dict.fromkeys(flavors):
+            found = self.fit(flavor, level_key, shape)
+            if found.fits:
+                return flavor, found
+            if found.status == "too-small" and (best is None or found.pods_fit > best[1].pods_fit):
+                best = (flavor, found)
+        return best
+
+    def best(self, flavors: Iterable[str], shape: JobShape) -> tuple[str, Fit] | None:
+        """`best_for` a recorded job shape at the level it asked for."""
+        if not shape.level_key or shape.gpus <= 0:
+            return None
+        return self.best_for(flavors, shape.level_key, _PodShape.of(shape))
 
 
 def _level_above_that_fits(
-    model: ClusterModel, level_key: str, gpus: int, flavors: Iterable[str]
+    shapes: ShapeCapacity, level_key: str, shape: _PodShape, flavors: Iterable[str]
 ) -> str:
-    """The nearest broader network level with a domain holding `gpus`, "" when none does."""
+    """The nearest broader network level where one domain holds every pod, "" when none does."""
     level = level_of_label_key(level_key)
     if level is None or not level.startswith("network-node-layer-"):
         return ""
     depth = int(level.rsplit("-", 1)[1])
     flavor_list = list(flavors)
     for up in range(depth - 1, 0, -1):
-        key = LAYER_KEYS[up - 1]
-        if largest_domain_gpus(model, key, flavor_list) >= gpus:
+        found = shapes.best_for(flavor_list, LAYER_KEYS[up - 1], shape)
+        if found is not None and found[1].fits:
             return f"network-node-layer-{up}"
     return ""
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
-from exporter.cluster.analysis import lent_by_queue
+from exporter.cluster.capacity.placement import place
+from exporter.cluster.metrics import cohort_exchange
 from exporter.cluster.model import ClusterModel
-from exporter.cluster.objects import ClusterQueue, Workload
-from exporter.topology.tree import level_of_label_key
+from exporter.cluster.objects import PodSetRequest, Workload
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +28,21 @@ MAX_SHAPES_PER_BUCKET = 64  # distinct job shapes kept per queue and bucket; the
 
 @dataclass(frozen=True, slots=True, order=True)
 class JobShape:
-    """A workload as quota sees it: how many GPUs, and what it asked of the topology."""
+    """A workload as quota sees it: how many GPUs, and what it asked of the topology.
+
+    `pods` x `gpus_per_pod` (and the slice, when one is asked) are the pod set whose topology
+    request `mode`/`level_key` describe, so placement can be judged in whole pods per node as
+    Kueue's TAS places them; `gpus` is the whole workload's."""
 
     state: str  # "admitted" | "pending"
     gpus: int
     mode: str  # required | preferred | unconstrained | none
     level_key: str  # node label key of the level asked for, "" when none
     pending_cause: str = ""  # quota | topology | ... for pending shapes
+    pods: int = 0  # pods of the described pod set
+    gpus_per_pod: int = 0
+    slice_level: str = ""  # podset-slice-required-topology, "" when none
+    slice_size: int = 0
 
 
 @dataclass(slots=True)
@@ -49,8 +57,8 @@ class QueueTotals:
     nominal_gpu_s: float = 0.0
     pending_quota_gpu_s: float = 0.0
     pending_topology_gpu_s: float = 0.0
-    # topology-pending GPUs that the level's free GPUs, taken together, could have held:
-    # jobs that a preferred (best-effort) request would have started
+    # topology-pending GPUs whose pods a preferred (best-effort) request for the same level
+    # could have placed on their flavor's free capacity: jobs it would have started
     topology_fit_if_preferred_gpu_s: float = 0.0
     topology_waiting_s: float = 0.0  # seconds with any workload pending on topology
     borrowing_s: float = 0.0  # seconds with borrowed > 0
@@ -302,35 +310,74 @@ def _accumulate(totals: QueueTotals, seen: _Observation, step: float) -> None:
             totals.shapes_dropped += 1
 
 
-def required_level_key(workload: Workload) -> str:
-    """The label key of the level a pod set requires (the one that can block admission)."""
+def required_pod_set(workload: Workload) -> PodSetRequest | None:
+    """The pod set whose required topology can block admission (preferred ones fall back)."""
     for pod_set in workload.pod_sets:
         if pod_set.topology.mode == "required" and pod_set.topology.level:
-            return pod_set.topology.level
-    return ""
+            return pod_set
+    return None
+
+
+def required_level_key(workload: Workload) -> str:
+    """The label key of the level a pod set requires (the one that can block admission)."""
+    pod_set = required_pod_set(workload)
+    return (pod_set.topology.level or "") if pod_set is not None else ""
 
 
 def _shape(workload: Workload, state: str, cause: str = "") -> JobShape:
-    mode, level_key = "none", ""
-    for pod_set in workload.pod_sets:
-        if pod_set.topology.mode != "none":
-            mode, level_key = pod_set.topology.mode, pod_set.topology.level or ""
-            break
-    required = required_level_key(workload)
-    if required:
-        mode, level_key = "required", required
-    return JobShape(state, workload.gpus_requested, mode, level_key, cause)
+    described = required_pod_set(workload)
+    if described is None:
+        asked = [p for p in workload.pod_sets if p.topology.mode != "none"]
+        described = asked[0] if asked else None
+    if described is None:
+        return JobShape(state, workload.gpus_requested, "none", "", cause)
+    topology = described.topology
+    return JobShape(
+        state,
+        workload.gpus_requested,
+        topology.mode,
+        topology.level or "",
+        cause,
+        pods=described.count,
+        gpus_per_pod=described.gpus_per_pod,
+        slice_level=topology.slice_level or "",
+        slice_size=topology.slice_size or 0,
+    )
+
+
+def _preferred_would_place(model: ClusterModel, workload: Workload, flavor: str) -> bool:
+    """Whether a preferred request at the level the workload requires could place its pods now
+    on the nodes its flavor selects (`placement.place`: the level, each level up, then spread;
+    whole pods per node)."""
+    pod_set = required_pod_set(workload)
+    if pod_set is None:
+        return False
+    spec = model.flavors.get(flavor)
+    topology = model.topologies.get(spec.topology_name) if spec is not None else None
+    answer = place(
+        model.tree,
+        model.eligibility(flavor).nodes,
+        replace(pod_set.topology, mode="preferred"),
+        pod_set.count,
+        pod_set.gpus_per_pod,
+        levels=topology.levels if topology is not None else None,
+    )
+    return answer.placeable
 
 
 def _observe(model: ClusterModel) -> dict[str, _Observation]:
-    """Every known ClusterQueue (and any queue a workload names) in the model's present state."""
+    """Every known ClusterQueue (and any queue a workload names) in the model's present state.
+
+    Borrowed and lent GPUs come from the quota model (`QuotaTree.borrowed` and `.lent` per GPU
+    flavor, summed); where it cannot answer, borrowed falls back to the ClusterQueue status
+    and lent to 0."""
     queues = model.cluster_queues
-    lent = _lent(queues.values())
+    tree = model.quota_tree()
     shapes: dict[str, list[JobShape]] = {}
     pending_quota: Counter[str] = Counter()
     pending_topology: Counter[str] = Counter()
     fit_if_preferred: Counter[str] = Counter()
-    free_at_level: dict[str, int] = {}
+    placeable: dict[tuple[str, JobShape], bool] = {}
     for state in model.live():
         workload = state.workload
         name = model.cluster_queue_of(workload)
@@ -346,20 +393,22 @@ def _observe(model: ClusterModel) -> dict[str, _Observation]:
             pending_quota[name] += gpus
         elif cause.cause == "topology":
             pending_topology[name] += gpus
-            key = required_level_key(workload)
-            level = level_of_label_key(key) if key else None
-            if level is not None:
-                if level not in free_at_level:
-                    free_at_level[level] = model.tree.fragmentation(level).free
-                if free_at_level[level] >= gpus:
-                    fit_if_preferred[name] += gpus
+            flavor, _ = model.quota_for(workload, tree)
+            key = (flavor, shapes[name][-1])  # workloads of one shape share the answer
+            if key not in placeable:
+                placeable[key] = _preferred_would_place(model, workload, flavor)
+            if placeable[key]:
+                fit_if_preferred[name] += gpus
     out: dict[str, _Observation] = {}
     for name in sorted(set(queues) | set(shapes)):
         cq = queues.get(name)
+        borrowed, lent = cohort_exchange(tree, cq) if cq is not None else (0, 0)
+        if borrowed is None:
+            borrowed = cq.borrowed if cq is not None else 0
         out[name] = _Observation(
             used=cq.used if cq is not None else 0,
-            borrowed=cq.borrowed if cq is not None else 0,
-            lent=lent.get(name, 0),
+            borrowed=borrowed,
+            lent=lent or 0,
             nominal=cq.nominal if cq is not None else 0,
             pending_quota=pending_quota[name],
             pending_topology=pending_topology[name],
@@ -367,13 +416,3 @@ def _observe(model: ClusterModel) -> dict[str, _Observation]:
             shapes=tuple(shapes.get(name, ())),
         )
     return out
-
-
-def _lent(queues: Iterable[ClusterQueue]) -> Mapping[str, int]:
-    cohorts: dict[str, list[ClusterQueue]] = {}
-    for cq in queues:
-        cohorts.setdefault(cq.cohort or f"\0{cq.name}", []).append(cq)
-    lent: dict[str, int] = {}
-    for members in cohorts.values():
-        lent.update(lent_by_queue(members))
-    return lent
