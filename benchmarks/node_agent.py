@@ -335,7 +335,7 @@ def bench_production_rss(sim_root: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     ) as proc:
-        wait_http(port, "/readyz")
+        wait_http(port, "/metrics")  # no GPU here: /readyz says so (503, library_not_found)
         scrape_latencies(port, 20, 1)
         time.sleep(1)
         print(

@@ -38,6 +38,7 @@ from healthcheck.audit import Auditor, AuditRecord
 from healthcheck.controller import RemediationController
 from healthcheck.findings import FINDINGS_ANNOTATION
 from healthcheck.policy import Decision, PolicyConfig
+from healthcheck.provenance import agent_entry
 
 
 class RecordingProvider:
@@ -88,6 +89,7 @@ def node(name: str, failing_since: float | None) -> dict[str, Any]:
             "name": name,
             "labels": {"sagemaker.amazonaws.com/node-health-status": "Schedulable"},
             "annotations": annotations,
+            "managedFields": [agent_entry()],  # written by the node's own agent
         },
         "status": {"capacity": {"nvidia.com/gpu": "8"}},
     }

@@ -36,6 +36,37 @@ CLOCK_EVENT_REASONS = (
 )
 
 
+# What an NVML failure means for the node, decided by the GPU source from NVML's return code
+# (exporter/sources/nvml.py holds the table, with nvml.h's meaning of each code). Checks, the
+# renderer and the agent's readiness act on the kind, never on an error message.
+NVML_DEPLOYMENT = "deployment"  # how the agent is deployed: library, permissions, no driver yet
+NVML_HARDWARE = "hardware"  # the GPU or its driver failed after working: off the bus, unloaded
+NVML_RESET = "reset"  # the GPU says it needs a reset before it can be used again
+NVML_TIMEOUT = "timeout"  # a call timed out: retried; hardware only if it persists, corroborated
+NVML_UNKNOWN = "unknown"  # no NVML code (an exception in the agent): no evidence either way
+NVML_FAILURE_KINDS = (NVML_DEPLOYMENT, NVML_HARDWARE, NVML_RESET, NVML_TIMEOUT, NVML_UNKNOWN)
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlFailure:
+    """Why NVML, or one GPU through it, could not be read: the code and what it means."""
+
+    code: int | None  # nvmlReturn_t; None when the failure carried no NVML code
+    name: str  # "NVML_ERROR_NO_PERMISSION"; the exception's type name when there is no code
+    kind: str  # one of NVML_FAILURE_KINDS
+
+    def __post_init__(self) -> None:
+        if self.kind not in NVML_FAILURE_KINDS:
+            raise ValueError(f"NVML failure kind {self.kind!r} not in {NVML_FAILURE_KINDS}")
+
+    @property
+    def reason(self) -> str:
+        """A short, bounded label value: "no_permission", "library_not_found", ..."""
+        if self.code is None:  # an exception in the agent or a broken library, not NVML's word
+            return "agent_error"
+        return self.name.removeprefix("NVML_ERROR_").lower()
+
+
 @dataclass(frozen=True, slots=True)
 class NvLinkReading:
     """One NVLink of one GPU. Counters are cumulative since driver load."""
@@ -96,7 +127,7 @@ class GpuReading:
     """Everything read from one GPU in one poll.
 
     `up` is False when the GPU could not be read at all (lost, timed out); the identity fields
-    are then whatever was known from an earlier poll or enumeration.
+    are then whatever was known from an earlier poll or enumeration, and `failure` says why.
     """
 
     index: int
@@ -105,6 +136,7 @@ class GpuReading:
     model: str
     up: bool
     error: str | None = None  # why the GPU, or some of its fields, could not be read
+    failure: NvmlFailure | None = None  # set when `up` is False: the code that failed the GPU
     utilization_gpu_ratio: float | None = None
     utilization_memory_ratio: float | None = None
     memory_used_bytes: int | None = None
@@ -148,7 +180,8 @@ class GpuInventory:
     """What the GPU source returned for one poll.
 
     `available` is False when NVML itself is missing or failed to initialise; `gpus` is then
-    empty and `error` says why. `xid_events` are the events delivered since the previous read.
+    empty, `error` says why in words and `failure` in code. `xid_events` are the events
+    delivered since the previous read.
     """
 
     available: bool
@@ -156,6 +189,18 @@ class GpuInventory:
     driver_version: str | None = None
     gpus: tuple[GpuReading, ...] = ()
     xid_events: tuple[XidEvent, ...] = ()
+    failure: NvmlFailure | None = None  # set when `available` is False
+
+    def deployment_errors(self) -> tuple[tuple[str, str], ...]:
+        """(reason, sentence) for each failure that lies in how the agent is deployed: NVML as
+        a whole, or single GPUs the agent may not open. Empty on a well-deployed agent."""
+        out: list[tuple[str, str]] = []
+        if self.failure is not None and self.failure.kind == NVML_DEPLOYMENT:
+            out.append((self.failure.reason, f"NVML: {self.error or self.failure.name}"))
+        for g in self.gpus:
+            if g.failure is not None and g.failure.kind == NVML_DEPLOYMENT:
+                out.append((g.failure.reason, f"GPU {g.index}: {g.error or g.failure.name}"))
+        return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

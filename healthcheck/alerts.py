@@ -3,6 +3,10 @@
 A payload is accepted whole or refused whole: bad JSON or a wrong shape raises AlertPayloadError
 (the HTTP layer answers 400 and nothing changes). Individual alerts that name no node or no
 action are not errors — they are returned as `ignored` with the reason, for the audit log.
+
+An alert is over when its status is `resolved` or its `endsAt` has passed: Alertmanager zeroes
+`endsAt` on firing alerts and sets it on resolved ones; other senders may set a future `endsAt`
+on a firing alert, a lease that ends it unless sent again (`AlertSignal.resolved`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from healthcheck.state import Action
+from healthcheck.state import ACTIONS, Action
 
 AlertStatus = Literal["firing", "resolved"]
 MAX_ALERTS = 10_000
@@ -31,6 +35,11 @@ class AlertSignal:
     name: str  # labels.alertname
     starts_at: float | None
     fingerprint: str
+    ends_at: float | None = None
+
+    def resolved(self, now: float) -> bool:
+        """Over: resolved by Alertmanager, or its endsAt is not in the future."""
+        return self.status == "resolved" or (self.ends_at is not None and self.ends_at <= now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,15 +100,12 @@ def _signal(alert: Any, group_status: Any) -> tuple[AlertSignal | None, str]:
     if status not in ("firing", "resolved"):
         return None, f"{name} on {node}: status {status!r} is not firing|resolved"
     raw_action = labels.get("action", annotations.get("action"))
-    action: Action | None
-    if raw_action in ("reboot", "replace"):
-        action = raw_action
-    elif raw_action in (None, "", "none"):
-        action = None
-    else:
-        return None, f"{name} on {node}: action {raw_action!r} is not none|reboot|replace"
+    action: Action | None = next((a for a in ACTIONS if a == raw_action), None)
+    if action is None and raw_action not in (None, "", "none"):
+        return None, f"{name} on {node}: action {raw_action!r} is not none|{'|'.join(ACTIONS)}"
     fingerprint = str(alert.get("fingerprint") or f"{name}/{node}")
-    return AlertSignal(node, status, action, name, _time(alert.get("startsAt")), fingerprint), ""
+    starts, ends = _time(alert.get("startsAt")), _time(alert.get("endsAt"))
+    return AlertSignal(node, status, action, name, starts, fingerprint, ends), ""
 
 
 def _node_of(labels: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ EVENT_NAMESPACE = "default"  # where kubectl looks for Node events
 
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
-    kind: str  # "decision" | "outcome" | "breaker" | "problem"
+    kind: str  # "decision" | "outcome" | "breaker" | "problem" | "alert" | "lifecycle"
     node: str
     verdict: str
     reason: str
@@ -35,6 +35,7 @@ class AuditRecord:
     at: float
     action: str | None = None
     mode: str = ""
+    ladder: tuple[str, ...] = ()  # each finding's ladder step behind a decision
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -46,6 +47,7 @@ class AuditRecord:
             "action": self.action,
             "mode": self.mode,
             "at": self.at,
+            "ladder": list(self.ladder),
         }
 
 
@@ -60,6 +62,9 @@ class Auditor:
         self.trail: collections.deque[AuditRecord] = collections.deque(maxlen=keep)
         self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self.problems: collections.Counter[str] = collections.Counter()
+        self.alerts: collections.Counter[str] = collections.Counter()
+        self.lifecycle_counts: collections.Counter[str] = collections.Counter()
+        self.event_failures: collections.Counter[str] = collections.Counter()
         self.total = 0
 
     def decision(self, decision: Decision) -> AuditRecord:
@@ -72,6 +77,7 @@ class Auditor:
             decision.at,
             decision.action,
             decision.mode,
+            tuple(r.describe() for r in decision.rungs),
         )
         self._write(record, logging.INFO)
         with self._lock:
@@ -98,6 +104,45 @@ class Auditor:
             self.problems[reason] += 1
         return record
 
+    def alert(
+        self, node: str, result: str, detail: str, at: float, action: str | None = None
+    ) -> AuditRecord:
+        """An alert that ended. Results `resolved` (by Alertmanager) and `expired` (its endsAt or
+        time to live passed) withdraw what it asked for: verdict `cancelled`. Results
+        `not_firing` (never seen firing here) and `unknown_node` (no such Node) change nothing:
+        verdict `noop`, no Event."""
+        verdict = "noop" if result in ("unknown_node", "not_firing") else "cancelled"
+        record = AuditRecord("alert", node, verdict, f"alert_{result}", detail, at, action)
+        self._write(record, logging.INFO)
+        with self._lock:
+            self.alerts[result] += 1
+        return record
+
+    def lifecycle(
+        self, node: str, reason: str, detail: str, at: float, action: str | None = None
+    ) -> AuditRecord:
+        """A change to a node's state that no decision made: recovered, attempts reset, ladder
+        marks expired, the node deleted and its state dropped."""
+        record = AuditRecord("lifecycle", node, reason, reason, detail, at, action)
+        self._write(record, logging.INFO)
+        with self._lock:
+            self.lifecycle_counts[reason] += 1
+        return record
+
+    def event_failed(self, record: AuditRecord, error: BaseException) -> None:
+        """An Event that could not be written: counted and logged (the log line has the rest)."""
+        status = getattr(error, "status", None)
+        why = str(status) if isinstance(status, int) else type(error).__name__
+        with self._lock:
+            self.event_failures[why] += 1
+        log.warning(
+            "could not write the Event for %s on node %s (%s): %s",
+            record.reason,
+            record.node,
+            why,
+            str(error).splitlines()[0][:300] if str(error) else why,
+        )
+
     def _write(self, record: AuditRecord, level: int) -> None:
         with self._lock:
             self.trail.append(record)
@@ -119,13 +164,36 @@ class Auditor:
             "topowatch_remediation_problems", COUNTER, "Bad inputs the controller refused, by why."
         )
         entries = Family("topowatch_remediation_audit_records", COUNTER, "Records audited.")
+        alerts = Family(
+            "topowatch_remediation_alerts_resolved",
+            COUNTER,
+            "Alerts that ended, by result: cancelled (its request withdrawn), expired (endsAt or"
+            " time to live passed), unknown_node and not_firing (nothing to cancel; no action).",
+        )
+        lifecycle = Family(
+            "topowatch_remediation_lifecycle",
+            COUNTER,
+            "Node state changes no decision made: recovered, attempts_reset, ladder_expired,"
+            " node_deleted (its state dropped).",
+        )
+        event_failures = Family(
+            "topowatch_remediation_event_write_failures",
+            COUNTER,
+            "Events about remediation the API refused or never got, by HTTP status or error.",
+        )
         with self._lock:
             for (verdict, reason, action), count in sorted(self.counts.items()):
                 decisions.add([("verdict", verdict), ("reason", reason), ("action", action)], count)
             for reason, count in sorted(self.problems.items()):
                 problems.add([("reason", reason)], count)
             entries.add([], self.total)
-        return [decisions, problems, entries]
+            for result, count in sorted(self.alerts.items()):
+                alerts.add([("result", result)], count)
+            for reason, count in sorted(self.lifecycle_counts.items()):
+                lifecycle.add([("reason", reason)], count)
+            for why, count in sorted(self.event_failures.items()):
+                event_failures.add([("error", why)], count)
+        return [decisions, problems, entries, alerts, lifecycle, event_failures]
 
 
 def node_event(record: AuditRecord) -> dict[str, Any]:
@@ -135,9 +203,14 @@ def node_event(record: AuditRecord) -> dict[str, Any]:
         ("decision", "act"): "RemediationStarted",
         ("outcome", "succeeded"): "RemediationAccepted",
         ("outcome", "failed"): "RemediationFailed",
+        ("alert", "cancelled"): "RemediationCancelled",
+        ("lifecycle", "recovered"): "RemediationRecovered",
+        ("lifecycle", "attempts_reset"): "RemediationAttemptsReset",
+        ("lifecycle", "ladder_expired"): "RemediationLadderExpired",
     }.get((record.kind, record.verdict), "RemediationSkipped")
     warning = record.verdict in ("act", "failed") or record.kind == "problem"
-    message = f"{record.action or 'no action'}: {record.reason}: {record.detail}"
+    ladder = f" [{'; '.join(record.ladder)}]" if record.ladder else ""
+    message = f"{record.action or 'no action'}: {record.reason}: {record.detail}{ladder}"
     return {
         "apiVersion": "v1",
         "kind": "Event",

@@ -6,6 +6,7 @@ typo in the file is an error naming the key rather than a silently ignored setti
     damping: {k: 3, n: 5}
     damping_overrides: {thermal_slowdown: {k: 6, n: 10}}
     xid: {hold_seconds: 3600, app_repeat_jobs: 2}
+    nvml: {reset_action: reboot, timeout_action: reboot, timeout_needs_evidence: true}
     nvlink: {max_errors_per_second: {crc_flit: 10}}
     instance_types: {ml.p5.48xlarge: {gpus: 8, efa: 32}}
 """
@@ -78,6 +79,21 @@ class XidConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class NvmlConfig:
+    """What NVML's own failures ask for (healthcheck/checks/inventory.py; the codes' meaning is
+    decided in exporter/sources/nvml.py). Deployment faults never act: that is not a setting."""
+
+    # RESET_REQUIRED ("the GPU requires a reset before it can be used again"): a GPU reset,
+    # which on a managed node means a reboot.
+    reset_action: str = "reboot"
+    # A GPU whose NVML calls time out is retried every poll; once the timeouts hold for K of N
+    # polls (damping, check `gpu_timeout`) and other evidence agrees (see inventory.py), this.
+    timeout_action: str = "reboot"
+    # Act on persistent timeouts only when the kernel or the GPU's other errors agree.
+    timeout_needs_evidence: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryConfig:
     uncorrected_volatile_max: int = 0  # volatile DBEs tolerated before a reset is recommended
     retired_pages_max: int = 60  # NVIDIA's RMA guidance: retirement table nearly full
@@ -124,6 +140,7 @@ class HealthConfig:
     damping: Damping = field(default_factory=Damping)
     damping_overrides: Mapping[str, Damping] = field(default_factory=dict)  # by check id
     xid: XidConfig = field(default_factory=XidConfig)
+    nvml: NvmlConfig = field(default_factory=NvmlConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     nvlink: NvlinkConfig = field(default_factory=NvlinkConfig)
     pcie: PcieConfig = field(default_factory=PcieConfig)
@@ -188,7 +205,7 @@ def config_from_mapping(data: object) -> HealthConfig:
                 str(name): _shape(v, f"{key}.{name}") for name, v in table.items()
             }  # extends the defaults: naming one type must not forget the others
             values[key] = MappingProxyType({**base.instance_types, **extra})
-        elif key in ("xid", "memory", "nvlink", "pcie", "thermal", "efa"):
+        elif key in ("xid", "nvml", "memory", "nvlink", "pcie", "thermal", "efa"):
             values[key] = _dataclass(getattr(base, key), raw, key)
         else:
             raise ConfigError(_unknown(key, "", [f.name for f in dataclasses.fields(base)]))
@@ -198,8 +215,13 @@ def config_from_mapping(data: object) -> HealthConfig:
 
 
 def _validate(config: HealthConfig) -> None:
-    if config.thermal.action not in ACTIONS:
-        raise ConfigError(f"thermal.action must be one of {', '.join(ACTIONS)}")
+    for name, action in (
+        ("thermal.action", config.thermal.action),
+        ("nvml.reset_action", config.nvml.reset_action),
+        ("nvml.timeout_action", config.nvml.timeout_action),
+    ):
+        if action not in ACTIONS:
+            raise ConfigError(f"{name} must be one of {', '.join(ACTIONS)}")
     unknown = set(config.nvlink.max_errors_per_second) - set(NVLINK_COUNTERS)
     if unknown:
         raise ConfigError(

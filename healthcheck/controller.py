@@ -5,11 +5,19 @@ and must never block); one worker thread parses, decides, writes state and calls
 Ordering per action: decide → audit → write state `requested` to the node annotation → call the
 providers → write the outcome. If the state cannot be written the action is not taken, so a
 restart can never repeat an action it does not know about.
+
+Each finding's action is its step on the action ladder (policy.climb), from the ladder marks in
+the node's state annotation, so a restarted controller continues a ladder where it stood. The
+rest of a node's lifecycle (policy.settle: recovered, healthy since, attempts reset, expired
+marks) is written back in act mode and kept in memory in observe mode, which writes nothing to
+Nodes. An alert that ends (resolved, or its endsAt or time to live passed) withdraws what it
+asked for and is audited; a deleted node's state is audited and dropped. Every audit record about
+a known node becomes an Event in either mode; an Event that cannot be written is counted
+(`topowatch_remediation_event_write_failures_total`) and logged.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -19,10 +27,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from exporter.exposition import GAUGE, HISTOGRAM, Family
-from healthcheck.actions.base import ActionRequest, ActionResult, Provider
+from healthcheck.actions.base import ActionRequest, ActionResult, Provider, executable
 from healthcheck.alerts import AlertSignal, ParsedAlerts
 from healthcheck.audit import Auditor, AuditRecord, node_event
-from healthcheck.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, decode_findings
+from healthcheck.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, Finding, decode_findings
 from healthcheck.policy import (
     HYPERPOD_HEALTH,
     HYPERPOD_PENDING,
@@ -31,15 +39,29 @@ from healthcheck.policy import (
     Breaker,
     ClusterFacts,
     Decision,
+    Ladder,
     NodeRequest,
     PolicyConfig,
+    Rung,
+    climb,
     decide,
+    live_marks,
+    mark_ladder,
     record_onsets,
     reset_breaker,
+    settle,
     strongest,
 )
+from healthcheck.provenance import screen_node
+from healthcheck.state import (
+    ACTIONS,
+    Action,
+    LadderMark,
+    RemediationState,
+    dump_state,
+    parse_state,
+)
 from healthcheck.state import ANNOTATION as STATE_ANNOTATION
-from healthcheck.state import Action, RemediationState, dump_state, parse_state
 
 TO_ACTION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 log = logging.getLogger(__name__)
@@ -56,7 +78,7 @@ class NodeReport:
     """What the controller needs from one Node object."""
 
     name: str
-    action: Action | None
+    action: Action | None  # what the checks themselves recommend (the ladder may say less)
     reasons: tuple[str, ...]
     onset: float | None
     opted_out: bool
@@ -65,6 +87,7 @@ class NodeReport:
     state: RemediationState | None
     state_problem: str | None
     problems: tuple[str, ...]
+    findings: tuple[Finding, ...] = ()  # the actionable findings that ask for an action
 
 
 def read_node(obj: Mapping[str, Any]) -> NodeReport | None:
@@ -78,7 +101,7 @@ def read_node(obj: Mapping[str, Any]) -> NodeReport | None:
     assert isinstance(labels, Mapping) and isinstance(annotations, Mapping)
     raw_findings = annotations.get(FINDINGS_ANNOTATION)
     findings, problems = decode_findings(raw_findings if isinstance(raw_findings, str) else None)
-    acting = [f for f in findings if f.actionable and f.action in ("reboot", "replace")]
+    acting = [f for f in findings if f.actionable and f.action in ACTIONS]
     if not acting and _condition_false(obj) and not findings and not problems:
         problems.append(f"condition {HEALTH_CONDITION}=False but no {FINDINGS_ANNOTATION}")
     raw_state = annotations.get(STATE_ANNOTATION)
@@ -100,6 +123,7 @@ def read_node(obj: Mapping[str, Any]) -> NodeReport | None:
         state=state,
         state_problem=state_problem,
         problems=tuple(problems),
+        findings=tuple(acting),
     )
 
 
@@ -153,20 +177,32 @@ class _NodeView:
     report: NodeReport
     obj: dict[str, Any]
     alerts: dict[str, AlertSignal] = field(default_factory=dict)
+    alert_seen: dict[str, float] = field(default_factory=dict)  # fingerprint → last received
 
-    def request(self) -> NodeRequest:
+    def request(
+        self, ladder: Ladder, state: RemediationState | None, now: float, active_timeout_s: float
+    ) -> NodeRequest:
+        """What the node asks for now: its findings' ladder steps and its firing alerts."""
+        marks = state.ladder if state is not None else ()
+        busy = state is not None and state.is_active(now, active_timeout_s)
+        rungs = climb(self.report.findings, marks, ladder, now, busy)
         firing = [a for a in self.alerts.values() if a.action is not None]
-        action = strongest([self.report.action, *(a.action for a in firing)])
+        action = strongest([*(r.action for r in rungs), *(a.action for a in firing)])
         reasons = self.report.reasons + tuple(sorted(f"alert:{a.name}" for a in firing))
-        onsets = [t for t in [self.report.onset, *(a.starts_at for a in firing)] if t is not None]
         return NodeRequest(
             self.report.name,
             action,
             reasons,
-            min(onsets, default=None),
+            self.onset(),
             self.report.opted_out,
             self.report.hyperpod_status,
+            rungs,
         )
+
+    def onset(self) -> float | None:
+        firing = [a for a in self.alerts.values() if a.action is not None]
+        onsets = [t for t in [self.report.onset, *(a.starts_at for a in firing)] if t is not None]
+        return min(onsets, default=None)
 
 
 class RemediationController:
@@ -191,6 +227,8 @@ class RemediationController:
         self._states: dict[str, RemediationState] = {}
         self._bad_state: dict[str, str] = {}
         self._requested: dict[str, Action | None] = {}
+        self._rungs: dict[str, tuple[Rung, ...]] = {}  # the ladder steps behind each request
+        self._departed: dict[str, float] = {}  # deleted node → its last action's start
         self._last_audited: dict[str, tuple[str, str, str | None]] = {}
         self._dirty: set[str] = set()
         self._unwritten: list[tuple[str, RemediationState]] = []
@@ -200,7 +238,7 @@ class RemediationController:
         # Seconds from a failure's first sighting on the node to the provider call, per action.
         # Kept as cumulative bucket counts, sum and count: bounded however long it runs.
         self._to_action: dict[str, tuple[list[int], float, int]] = {
-            action: ([0] * len(TO_ACTION_BUCKETS), 0.0, 0) for action in ("reboot", "replace")
+            action: ([0] * len(TO_ACTION_BUCKETS), 0.0, 0) for action in ACTIONS
         }
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -257,12 +295,14 @@ class RemediationController:
                 if kind == "node":
                     self._take_node(payload, now, records)
                 elif kind == "deleted":
-                    self._forget_node(payload, now)
+                    self._forget_node(payload, now, records)
                 elif kind == "alerts":
                     self._take_alerts(payload, now, records)
             if now - self._last_recheck >= self.recheck_s:
                 self._last_recheck = now
                 self._dirty |= {n for n, r in self._requested.items() if r is not None}
+                self._dirty |= set(self._states) & set(self._views)  # lifecycle clocks
+                self._expire_alerts(now, records)
             decisions, acts = self._decide(now, records)
             unwritten, self._unwritten = self._unwritten, []
         for name, state in unwritten:
@@ -284,6 +324,9 @@ class RemediationController:
         return items
 
     def _take_node(self, obj: Any, now: float, records: list[AuditRecord]) -> None:
+        obj, refused = screen_node(obj)  # findings count only if the node's own agent wrote them
+        if refused is not None:
+            records.append(self.auditor.problem(refused.node, refused.reason, refused.detail, now))
         report = read_node(obj) if isinstance(obj, dict) else None
         if report is None:
             records.append(self.auditor.problem("", "malformed_node", "Node without a name", now))
@@ -311,35 +354,124 @@ class RemediationController:
             view.report, view.obj = report, obj
         self._dirty.add(name)
 
-    def _forget_node(self, obj: Any, now: float) -> None:
-        report = read_node(obj) if isinstance(obj, dict) else None
-        if report is None:
+    def _forget_node(self, obj: Any, now: float, records: list[AuditRecord]) -> None:
+        """A deleted Node: audit what we held about it, then drop it all. Only the start time of
+        its last action stays (no longer than the budget window), for the hourly budget."""
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not name:
             return
-        self._views.pop(report.name, None)
-        self._requested.pop(report.name, None)
-        self._bad_state.pop(report.name, None)
-        state = self._states.get(report.name)
-        if state is not None and state.outcome in ("requested", "done"):
-            # Kept (not written: the node is gone) so the hourly budget still counts it.
-            self._states[report.name] = state.finished("gone", now, "node deleted")
+        view = self._views.pop(name, None)
+        requested = self._requested.pop(name, None)
+        self._rungs.pop(name, None)
+        self._bad_state.pop(name, None)
+        self._last_audited.pop(name, None)
+        self._dirty.discard(name)
+        state = self._states.pop(name, None)
+        if state is None and requested is None and not (view and view.alerts):
+            return
+        held = []
+        if state is not None:
+            if state.started_at > now - self.config.budget_window_s:
+                self._departed[name] = state.started_at
+            held.append(
+                f"last action {state.action} {state.outcome} (attempt {state.attempts},"
+                f" {len(state.ladder)} ladder marks)"
+            )
+        if requested is not None:
+            held.append(f"was asking for {requested}")
+        if view is not None and view.alerts:
+            held.append(f"{len(view.alerts)} firing alerts")
+        detail = "Node deleted; its remediation state is dropped: " + "; ".join(held)
+        records.append(
+            self.auditor.lifecycle(
+                name, "node_deleted", detail, now, state.action if state else requested
+            )
+        )
 
     def _take_alerts(self, parsed: ParsedAlerts, now: float, records: list[AuditRecord]) -> None:
         for why in parsed.ignored:
             records.append(self.auditor.problem("", "alert_ignored", why, now))
         for signal in parsed.signals:
             view = self._views.get(signal.node)
+            over = signal.resolved(now)
             if view is None:
-                records.append(
-                    self.auditor.problem(
-                        signal.node, "unknown_node", f"alert {signal.name}: no such Node", now
+                if over:  # nothing was asked for there: counted and logged, never an error
+                    records.append(
+                        self.auditor.alert(
+                            signal.node,
+                            "unknown_node",
+                            f"{signal.name} ended for a node that does not exist: no-op",
+                            now,
+                            signal.action,
+                        )
                     )
-                )
+                else:
+                    records.append(
+                        self.auditor.problem(
+                            signal.node, "unknown_node", f"alert {signal.name}: no such Node", now
+                        )
+                    )
                 continue
-            if signal.status == "firing":
+            if not over:
                 view.alerts[signal.fingerprint] = signal
+                view.alert_seen[signal.fingerprint] = now
+            elif signal.status == "resolved":
+                self._end_alert(view, signal, "resolved", "Alertmanager resolved it", now, records)
             else:
-                view.alerts.pop(signal.fingerprint, None)
+                ended = f"its endsAt {signal.ends_at:.0f} has passed"
+                self._end_alert(view, signal, "expired", ended, now, records)
             self._dirty.add(signal.node)
+
+    def _end_alert(
+        self,
+        view: _NodeView,
+        signal: AlertSignal,
+        result: str,
+        why: str,
+        now: float,
+        records: list[AuditRecord],
+    ) -> None:
+        """Withdraw what an ended alert asked for, and audit it; an action already started is
+        not undone (nothing can un-reboot a node), and the audit says so."""
+        asked = view.alerts.pop(signal.fingerprint, None)
+        view.alert_seen.pop(signal.fingerprint, None)
+        if asked is None:
+            records.append(
+                self.auditor.alert(
+                    signal.node,
+                    "not_firing",
+                    f"{signal.name} ended ({why}); it was not firing here: nothing to cancel",
+                    now,
+                    signal.action,
+                )
+            )
+            return
+        detail = f"{asked.name} ended ({why}): its request for {asked.action or 'no action'} is"
+        detail += " withdrawn"
+        state = self._states.get(signal.node)
+        if state is not None and state.is_active(now, self.config.active_timeout_s):
+            detail += (
+                f"; the {state.action} started {now - state.started_at:.0f} s ago"
+                f" ({state.outcome}) is not undone"
+            )
+        records.append(self.auditor.alert(signal.node, result, detail, now, asked.action))
+
+    def _expire_alerts(self, now: float, records: list[AuditRecord]) -> None:
+        """Firing alerts whose endsAt passed, or not sent again within the time to live (a lost
+        resolve must not keep asking for an action)."""
+        ttl = self.config.alert_ttl_s
+        for name, view in self._views.items():
+            for fingerprint, signal in list(view.alerts.items()):
+                seen = view.alert_seen.get(fingerprint, now)
+                if signal.ends_at is not None and signal.ends_at <= now:
+                    why = f"its endsAt {signal.ends_at:.0f} has passed"
+                elif ttl > 0 and now - seen > ttl:
+                    why = f"not sent again for {now - seen:.0f} s (alert_ttl_seconds {ttl:g})"
+                else:
+                    continue
+                self._end_alert(view, signal, "expired", why, now, records)
+                self._dirty.add(name)
 
     def _decide(
         self, now: float, records: list[AuditRecord]
@@ -351,11 +483,14 @@ class RemediationController:
             view = self._views.get(name)
             if view is None:
                 continue
-            request = view.request()
+            state = self._states.get(name)
+            request = view.request(self.config.ladder, state, now, self.config.active_timeout_s)
             before = self._requested.get(name)
             self._requested[name] = request.action
+            self._rungs[name] = request.rungs
+            if state is not None:
+                self._settle(name, state, request, now, records)
             if request.action is None:
-                self._note_recovery(name, view, now)
                 self._last_audited.pop(name, None)
                 continue
             if before is None:
@@ -382,11 +517,14 @@ class RemediationController:
         if self.breaker.tripped and not was_tripped:
             records.append(self.auditor.breaker("tripped", self.breaker.reason, now))
             log.error("remediation circuit breaker tripped: %s", self.breaker.reason)
+        horizon = now - self.config.budget_window_s
+        self._departed = {n: t for n, t in self._departed.items() if t > horizon}
         facts = ClusterFacts(
             gpu_nodes=sum(1 for v in self._views.values() if v.report.is_gpu),
             pending_elsewhere=frozenset(
                 n for n, v in self._views.items() if v.report.hyperpod_status in HYPERPOD_PENDING
             ),
+            started_elsewhere=frozenset(self._departed),
         )
         decisions = decide(requests, self._states, facts, self.breaker, self.config, now)
         audited += [d for d in decisions if self._audit(d, records)]
@@ -403,17 +541,45 @@ class RemediationController:
         records.append(self.auditor.decision(decision))
         return True
 
-    def _note_recovery(self, name: str, view: _NodeView, now: float) -> None:
-        state = self._states.get(name)
-        if (
-            state is None
-            or state.outcome != "done"
-            or view.report.hyperpod_status in HYPERPOD_PENDING
-        ):
+    def _settle(
+        self,
+        name: str,
+        state: RemediationState,
+        request: NodeRequest,
+        now: float,
+        records: list[AuditRecord],
+    ) -> None:
+        """Bring the node's state up to now (policy.settle); audit what people want to know."""
+        pending = request.hyperpod_status in HYPERPOD_PENDING
+        settled, changes = settle(state, request.action is not None, pending, now, self.config)
+        if not changes:
             return
-        recovered = state.finished("recovered", now, "node reports healthy")
-        self._states[name] = recovered
-        self._unwritten.append((name, recovered))  # written after the lock is released
+        self._states[name] = settled
+        if self.config.mode == "act":  # observe writes nothing to Nodes; memory has it
+            self._unwritten.append((name, settled))  # written after the lock is released
+        for change in changes:
+            if change == "recovered":
+                detail = (
+                    f"{state.action} {state.outcome} {now - state.started_at:.0f} s ago;"
+                    " the node reports healthy"
+                )
+            elif change == "attempts_reset":
+                assert state.healthy_since is not None
+                detail = (
+                    f"healthy for {(now - state.healthy_since) / 3600:.1f} h (reset after"
+                    f" {self.config.healthy_reset_s / 3600:g} h): {state.attempts} attempts"
+                    " back to 0"
+                )
+            elif change == "ladder_expired":
+                kept = {m.key for m in settled.ladder}
+                gone = [f"{m.rule}@{m.component}" for m in state.ladder if m.key not in kept]
+                detail = (
+                    f"ladder marks past their window dropped: {', '.join(gone)};"
+                    " the next failure starts from the first step"
+                )
+            else:
+                continue  # healthy/unhealthy: the clock of healthy_since, in the state only
+            records.append(self.auditor.lifecycle(name, change, detail, now, state.action))
 
     # -- carrying decisions out (outside the lock) --
 
@@ -421,16 +587,25 @@ class RemediationController:
         self, acts: list[tuple[Decision, _NodeView]], now: float, records: list[AuditRecord]
     ) -> None:
         ready: list[ActionRequest] = []
+        priors: dict[str, tuple[LadderMark, ...]] = {}
+        rungs: dict[str, tuple[Rung, ...]] = {}
+        ladder = self.config.ladder
         for decision, view in acts:
             assert decision.action is not None
             with self._lock:
                 prior = self._states.get(decision.node)
+            priors[decision.node] = prior.ladder if prior is not None else ()
+            rungs[decision.node] = decision.rungs
             state = RemediationState(
                 action=decision.action,
                 started_at=now,
                 provider=",".join(p.name for p in self.providers) or "none",
                 attempts=(prior.attempts + 1) if prior is not None else 1,
                 outcome="requested",
+                # Marked before the call: after a crash here the step counts as taken.
+                ladder=mark_ladder(
+                    priors[decision.node], decision.rungs, decision.action, ladder, now
+                ),
             )
             if not self._store(decision.node, state, now, records):
                 continue  # no record of it → no action (a restart could repeat it)
@@ -442,7 +617,7 @@ class RemediationController:
         called = self.clock()
         with self._lock:
             for decision, view in acts:
-                onset = view.request().onset
+                onset = view.onset()
                 if onset is not None and decision.action in self._to_action:
                     seconds = max(0.0, called - onset)
                     counts, total, n = self._to_action[decision.action]
@@ -451,31 +626,56 @@ class RemediationController:
                             counts[i] += 1
                     self._to_action[decision.action] = (counts, total + seconds, n + 1)
         results: dict[str, list[ActionResult]] = {r.node: [] for r in ready}
+        performed: dict[str, list[Action]] = {r.node: [] for r in ready}
+        asked = {r.node: r.action for r in ready}
         for provider in self.providers:
+            batch: list[ActionRequest] = []
+            answered: list[ActionResult] = []
+            for request in ready:
+                doing = executable(request.action, provider)
+                if doing is None:
+                    answered.append(ActionResult(request.node, False, f"cannot {request.action}"))
+                else:
+                    batch.append(replace(request, action=doing))
             try:
-                answered = provider.execute(ready)
+                got_back = provider.execute(batch) if batch else []
             except Exception as exc:  # a provider bug fails its nodes, never the controller
-                answered = [
-                    ActionResult(r.node, False, f"{provider.name} raised: {exc}") for r in ready
-                ]
-            seen = {a.node for a in answered}
+                got_back = [ActionResult(r.node, False, f"raised: {exc}") for r in batch]
+            seen = {a.node for a in got_back}
+            answered += got_back
             answered += [
-                ActionResult(r.node, False, f"{provider.name} gave no result")
-                for r in ready
-                if r.node not in seen
+                ActionResult(r.node, False, "gave no result") for r in batch if r.node not in seen
             ]
+            doing_for = {r.node: r.action for r in batch}
             for result in answered:
-                if result.node in results:
-                    results[result.node].append(
-                        replace(result, detail=f"{provider.name}: {result.detail}")
-                    )
+                if result.node not in results:
+                    continue
+                did = doing_for.get(result.node)
+                done_as = ""
+                if did is not None and did != asked[result.node]:
+                    done_as = f" ({asked[result.node]} done as {did})"
+                results[result.node].append(
+                    replace(result, detail=f"{provider.name}{done_as}: {result.detail}")
+                )
+                if result.ok and did is not None:
+                    performed[result.node].append(did)
         for request in ready:
             got = results[request.node]
             ok = bool(got) and all(r.ok for r in got)
             detail = "; ".join(r.detail for r in got) or "no provider configured"
+            did = strongest(performed[request.node])
+            # The ladder records what some provider did; with none, the step was not taken and
+            # is tried again (after the cooldown), not skipped.
+            marks = (
+                mark_ladder(priors[request.node], rungs[request.node], did, ladder, now)
+                if did is not None
+                else live_marks(priors[request.node], ladder, now)
+            )
             with self._lock:
                 state = self._states[request.node]
-            final = state.finished("done" if ok else "failed", self.clock(), detail)
+            final = replace(
+                state.finished("done" if ok else "failed", self.clock(), detail), ladder=marks
+            )
             if ok:
                 final = replace(final, finished_at=None)
             self._store(request.node, final, now, records)
@@ -495,13 +695,19 @@ class RemediationController:
         return True
 
     def _post_events(self, records: Iterable[AuditRecord]) -> None:
+        """An Event per record about a node we know, in observe mode too. Events never hold up
+        remediation; one that cannot be written is counted and logged, never dropped silently."""
         if self.writer is None:
             return
+        with self._lock:
+            known = set(self._views)
         for record in records:
-            if not record.node:
-                continue
-            with contextlib.suppress(Exception):  # events are best effort; the log has it all
+            if not record.node or record.node not in known or record.verdict == "noop":
+                continue  # no Node to attach it to (unknown or deleted), or nothing happened
+            try:
                 self.writer.post_event(record)
+            except Exception as exc:
+                self.auditor.event_failed(record, exc)
 
     # -- views --
 
@@ -516,7 +722,9 @@ class RemediationController:
                 {
                     "node": name,
                     "requested": self._requested.get(name),
-                    "state": None if state is None else _state_dict(state),
+                    # each finding's step on its ladder now, and what comes next if it recurs
+                    "ladder": [r.as_dict() for r in self._rungs.get(name, ())],
+                    "state": None if state is None else _state_dict(state, self.config),
                     "last_decision": self._last_audited.get(name, (None, None, None))[1],
                 }
                 for name in sorted(set(self._states) | {n for n, r in self._requested.items() if r})
@@ -532,6 +740,12 @@ class RemediationController:
                 "gpu_nodes": gpu_nodes,
             },
             "breaker": breaker,
+            "lifecycle": {
+                "max_attempts": self.config.max_attempts,
+                "healthy_reset_seconds": self.config.healthy_reset_s,
+                "alert_ttl_seconds": self.config.alert_ttl_s,
+            },
+            "ladder": self.config.ladder.as_list(),
             "nodes": nodes,
             "recent": self.auditor.recent(100),
         }
@@ -559,7 +773,7 @@ class RemediationController:
             in_flight = sum(
                 1 for s in self._states.values() if s.is_active(now, self.config.active_timeout_s)
             )
-            by_action: dict[str, int] = {"reboot": 0, "replace": 0}
+            by_action: dict[str, int] = dict.fromkeys(ACTIONS, 0)
             for action in self._requested.values():
                 if action is not None:
                     by_action[action] += 1
@@ -594,7 +808,8 @@ class RemediationController:
         return family
 
 
-def _state_dict(state: RemediationState) -> dict[str, Any]:
+def _state_dict(state: RemediationState, config: PolicyConfig) -> dict[str, Any]:
+    healthy = state.healthy_since
     return {
         "action": state.action,
         "outcome": state.outcome,
@@ -603,4 +818,25 @@ def _state_dict(state: RemediationState) -> dict[str, Any]:
         "started_at": state.started_at,
         "finished_at": state.finished_at,
         "message": state.message,
+        "healthy_since": healthy,
+        "attempts_reset_at": (
+            healthy + config.healthy_reset_s if healthy is not None and state.attempts else None
+        ),
+        "ladder": [
+            {
+                "rule": m.rule,
+                "component": m.component,
+                "step": m.step + 1,
+                "action": m.action,
+                "performed": m.performed,
+                "at": m.at,
+                "expires_at": m.at + _window(m, config.ladder),
+            }
+            for m in state.ladder
+        ],
     }
+
+
+def _window(mark: LadderMark, ladder: Ladder) -> float:
+    rule = ladder.rule_named(mark.rule)
+    return 0.0 if rule is None else rule.steps[min(mark.step, len(rule.steps) - 1)].within_s

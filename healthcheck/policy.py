@@ -7,17 +7,34 @@ threads, sockets or clocks; the controller only gathers inputs and carries decis
 Rules, checked in this order (the first that applies wins, so the reason is the strongest one):
 opt-out label → HyperPod already pending → an action in flight on the node → attempts exhausted →
 cooldown → circuit breaker open → concurrent budget → hourly budget → observe mode → act.
+
+What a finding asks for is its step on an action ladder (`climb`): a rule per check (and, for
+XIDs, per code or NVIDIA catalog bucket) lists steps that only climb, reset → reboot → replace;
+the same failure on the same component again within a step's window takes the next step, later
+than that starts from the first. Where each node stands lives in its state annotation. `settle`
+is the rest of a node's lifecycle: recovered, healthy since when, attempts reset after a healthy
+period, ladder marks dropped when their window has passed.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from exporter.node.xid import catalog, describe
 from exporter.topology.labels import HEALTH_STATUS_KEY
-from healthcheck.state import Action, RemediationState
+from healthcheck.findings import Finding
+from healthcheck.state import (
+    ACTIONS,
+    MAX_LADDER_MARKS,
+    Action,
+    LadderMark,
+    RemediationState,
+    action_rank,
+)
 
 Mode = Literal["observe", "act"]
 Verdict = Literal["act", "skip"]
@@ -27,18 +44,365 @@ HYPERPOD_PENDING = frozenset({"UnschedulablePendingReboot", "UnschedulablePendin
 OPT_OUT_LABEL = "topowatch.io/remediation"
 OPT_OUT_VALUE = "disabled"
 
-_RANK: dict[str, int] = {"reboot": 1, "replace": 2}
-
 
 def strongest(actions: Iterable[str | None]) -> Action | None:
-    """replace > reboot > nothing: when checks disagree, the stronger remedy wins."""
+    """replace > reboot > reset > nothing: when checks disagree, the stronger remedy wins."""
     best: Action | None = None
     for action in actions:
-        if action == "replace":
-            return "replace"
-        if action == "reboot":
-            best = "reboot"
+        for known in ACTIONS:
+            if action == known and action_rank(known) > action_rank(best):
+                best = known
     return best
+
+
+# --- the action ladder ------------------------------------------------------------------------
+
+HOUR = 3600.0
+DEFAULT_WITHIN_S = 24 * HOUR
+XID_IN_EVIDENCE = re.compile(r"\bXID (\d+)\b")  # the xid check's evidence: "XID 79 NAME (BUCKET)"
+_RULE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    action: Action
+    within_s: float = DEFAULT_WITHIN_S  # the same failure again within this long: the next step
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "within_hours": self.within_s / HOUR}
+
+
+@dataclass(frozen=True, slots=True)
+class LadderRule:
+    """Steps for the findings of one check; for `xid`, optionally only some codes or buckets."""
+
+    name: str
+    check: str
+    steps: tuple[Step, ...]
+    xids: frozenset[int] = frozenset()
+    buckets: frozenset[str] = frozenset()  # NVIDIA's immediate-action buckets (xid-catalog.csv)
+
+    def matches(self, check: str, xids: Sequence[int]) -> bool:
+        if check != self.check:
+            return False
+        if not self.xids and not self.buckets:
+            return True
+        return any(x in self.xids or describe(x).action in self.buckets for x in xids)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "check": self.check}
+        if self.xids:
+            out["xid"] = sorted(self.xids)
+        if self.buckets:
+            out["bucket"] = sorted(self.buckets)
+        out["steps"] = [s.as_dict() for s in self.steps]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Ladder:
+    """Rules in order; the first that matches a finding is its ladder. No rule: its own action."""
+
+    rules: tuple[LadderRule, ...] = ()
+
+    def rule_for(self, finding: Finding) -> LadderRule | None:
+        xids = [int(x) for x in XID_IN_EVIDENCE.findall(finding.evidence)]
+        return next((r for r in self.rules if r.matches(finding.check, xids)), None)
+
+    def rule_named(self, name: str) -> LadderRule | None:
+        return next((r for r in self.rules if r.name == name), None)
+
+    def as_list(self) -> list[dict[str, Any]]:
+        return [r.as_dict() for r in self.rules]
+
+
+_RESET_FIRST = (Step("reset"), Step("reboot"), Step("replace"))
+_REBOOT_FIRST = (Step("reboot"), Step("replace"))
+# NVIDIA's health-validation order (drain → reset GPU → restart OS → service) with the catalog's
+# first step: RESET_GPU (and the XID 48 / NVLink workflows, which begin with a reset) start at a
+# reset; RESTART_BM/RESTART_VM, XID 79 among them, at a reboot. A GPU gone from NVML is XID 79 as
+# NVML sees it. A GPU NVML answers RESET_REQUIRED for, or with a row remap or page retirement
+# pending a reset, starts at a reset. Findings no rule matches (row-remap failure, retired-page
+# limit: hardware that a reset cannot mend) keep the action the check gave them. Draining is not
+# a step: every action begins with it (HyperPod drains first; the kubernetes provider cordons).
+DEFAULT_LADDER = Ladder(
+    (
+        LadderRule("xid-79", "xid", _REBOOT_FIRST, xids=frozenset({79})),
+        LadderRule(
+            "xid-restart", "xid", _REBOOT_FIRST, buckets=frozenset({"RESTART_BM", "RESTART_VM"})
+        ),
+        LadderRule(
+            "xid-reset",
+            "xid",
+            _RESET_FIRST,
+            buckets=frozenset(
+                {"RESET_GPU", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR"}
+            ),
+        ),
+        LadderRule("xid-app-repeat", "xid_app_repeat", _RESET_FIRST),
+        LadderRule("gpu-reset-required", "gpu_reset_required", _RESET_FIRST),  # NVML said so
+        LadderRule("gpu-missing", "gpu_missing", _REBOOT_FIRST),
+        LadderRule("row-remap-pending", "row_remap_pending", _RESET_FIRST),
+        LadderRule("retired-pages-pending", "retired_pages_pending", _RESET_FIRST),
+    )
+)
+_LADDER_KEYS = frozenset({"rules", "defaults"})
+_RULE_KEYS = frozenset({"name", "check", "xid", "bucket", "steps", "within_hours"})
+_STEP_KEYS = frozenset({"action", "within_hours"})
+
+
+def parse_ladder(raw: Any) -> tuple[Ladder, list[str]]:
+    """The `ladder:` section → (ladder, problems). Any problem refuses the whole config.
+
+    `rules` come first, in order; the built-in rules follow (`defaults: false` drops them; a rule
+    named like a built-in one replaces it). Each rule: `name`, `check`, optionally `xid` (codes)
+    or `bucket` (catalog buckets) for check `xid`, `steps` (actions, or {action, within_hours}),
+    and `within_hours` for every step that does not set its own (default 24). Steps must climb,
+    reset < reboot < replace: a step that repeats or goes back down would make the ladder loop.
+    """
+    if raw is None:
+        return DEFAULT_LADDER, []
+    if not isinstance(raw, Mapping):
+        return DEFAULT_LADDER, ["ladder must be a mapping with rules (and defaults)"]
+    problems = [f"ladder: unknown key {k!r}" for k in sorted(set(raw) - _LADDER_KEYS, key=str)]
+    defaults = raw.get("defaults", True)
+    if not isinstance(defaults, bool):
+        problems.append(f"ladder.defaults {defaults!r} is not true|false")
+    specs = raw.get("rules", [])
+    if not isinstance(specs, list):
+        return DEFAULT_LADDER, [*problems, "ladder.rules must be a list"]
+    rules: list[LadderRule] = []
+    for index, spec in enumerate(specs):
+        rule, why = _rule(spec, f"ladder.rules[{index}]")
+        problems += why
+        if rule is not None:
+            if any(r.name == rule.name for r in rules):
+                problems.append(f"ladder.rules[{index}]: a second rule named {rule.name!r}")
+            rules.append(rule)
+    if defaults is not False:
+        names = {r.name for r in rules}
+        rules += [r for r in DEFAULT_LADDER.rules if r.name not in names]
+    return Ladder(tuple(rules)), problems
+
+
+def _rule(spec: Any, where: str) -> tuple[LadderRule | None, list[str]]:
+    if not isinstance(spec, Mapping):
+        return None, [f"{where}: a rule must be a mapping (name, check, steps)"]
+    problems = [f"{where}: unknown key {k!r}" for k in sorted(set(spec) - _RULE_KEYS, key=str)]
+    name, check = spec.get("name"), spec.get("check")
+    if not isinstance(name, str) or not _RULE_NAME.match(name):
+        problems.append(f"{where}: name {name!r} must be lower-case letters, digits, . _ -")
+        name = where
+    where = f"ladder rule {name!r}"
+    if not isinstance(check, str) or not check:
+        problems.append(f"{where}: check (a finding's check id, e.g. xid) is required")
+        check = ""
+    xids = _xids(spec.get("xid"), where, problems)
+    buckets = _buckets(spec.get("bucket"), where, problems)
+    if (xids or buckets) and check != "xid":
+        problems.append(f"{where}: xid and bucket only apply to check xid, not {check!r}")
+    within = _hours(spec.get("within_hours", DEFAULT_WITHIN_S / HOUR), where, problems)
+    steps = _steps(spec.get("steps"), within, where, problems)
+    if problems:
+        return None, problems
+    return LadderRule(name, check, steps, xids, buckets), []
+
+
+def _xids(raw: Any, where: str, problems: list[str]) -> frozenset[int]:
+    if raw is None:
+        return frozenset()
+    values = raw if isinstance(raw, list) else [raw]
+    if not values or any(isinstance(x, bool) or not isinstance(x, int) or x <= 0 for x in values):
+        problems.append(f"{where}: xid {raw!r} must be XID codes (positive integers)")
+        return frozenset()
+    return frozenset(values)
+
+
+def _buckets(raw: Any, where: str, problems: list[str]) -> frozenset[str]:
+    if raw is None:
+        return frozenset()
+    values = raw if isinstance(raw, list) else [raw]
+    known = {info.action for info in catalog().values()}
+    unknown = [b for b in values if b not in known]
+    if not values or unknown:
+        problems.append(
+            f"{where}: bucket {unknown or raw!r} is not in NVIDIA's catalog"
+            f" ({', '.join(sorted(known))})"
+        )
+        return frozenset()
+    return frozenset(values)
+
+
+def _hours(raw: Any, where: str, problems: list[str]) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw < 24 * 365:
+        problems.append(f"{where}: within_hours {raw!r} is not a positive number of hours")
+        return DEFAULT_WITHIN_S
+    return float(raw) * HOUR
+
+
+def _steps(raw: Any, within_s: float, where: str, problems: list[str]) -> tuple[Step, ...]:
+    if not isinstance(raw, list) or not raw:
+        problems.append(f"{where}: steps must be a non-empty list of {'|'.join(ACTIONS)}")
+        return ()
+    steps: list[Step] = []
+    for index, item in enumerate(raw, start=1):
+        spec: Any = {"action": item} if isinstance(item, str) else item
+        if not isinstance(spec, Mapping):
+            problems.append(f"{where}: step {index} {item!r} is not an action or a mapping")
+            continue
+        extra = sorted(set(spec) - _STEP_KEYS, key=str)
+        if extra:
+            problems.append(f"{where}: step {index}: unknown key {extra[0]!r}")
+        action = spec.get("action")
+        if action not in ACTIONS:
+            problems.append(
+                f"{where}: step {index}: unknown action {action!r} (one of {', '.join(ACTIONS)})"
+            )
+            continue
+        step_within = within_s
+        if "within_hours" in spec:
+            step_within = _hours(spec["within_hours"], f"{where}: step {index}", problems)
+        if steps and action_rank(action) <= action_rank(steps[-1].action):
+            problems.append(
+                f"{where}: step {index} ({action}) does not climb above step {len(steps)}"
+                f" ({steps[-1].action}): a ladder that repeats or goes back down loops;"
+                f" steps must climb {' < '.join(ACTIONS)}"
+            )
+            continue
+        steps.append(Step(action, step_within))
+    return tuple(steps)
+
+
+@dataclass(frozen=True, slots=True)
+class Rung:
+    """Where one finding stands on its ladder now: the step it asks for, and why."""
+
+    check: str
+    component: str
+    action: Action
+    rule: str = ""  # "": no rule matched; the check's own action, no ladder
+    step: int = 0
+    steps: int = 1
+    why: str = "the check's own action (no ladder rule)"
+    then: Action | None = None  # the next step, if the failure comes back within `within_s`
+    within_s: float = 0.0
+
+    def describe(self) -> str:
+        if not self.rule:
+            return f"{self.check}@{self.component}: {self.action}, {self.why}"
+        after = (
+            f"; again within {self.within_s / HOUR:g} h: {self.then}"
+            if self.then
+            else "; top of the ladder"
+        )
+        return (
+            f"{self.rule}@{self.component} step {self.step + 1}/{self.steps}"
+            f" {self.action} ({self.why}){after}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule or None,
+            "check": self.check,
+            "component": self.component,
+            "step": self.step + 1,
+            "steps": self.steps,
+            "action": self.action,
+            "why": self.why,
+            "next": self.then,
+            "next_within_hours": self.within_s / HOUR if self.then else None,
+        }
+
+
+def climb(
+    findings: Iterable[Finding],
+    marks: Iterable[LadderMark],
+    ladder: Ladder,
+    now: float,
+    in_progress: bool = False,
+) -> tuple[Rung, ...]:
+    """Each acting finding's step: the first step, or the next one after the last taken step
+    when the same rule fires on the same component within that step's window.
+
+    `in_progress`: the node's last action is still under way; a finding first seen before that
+    step was taken is the failure the step is treating, not a new one, so it stays on that step.
+    """
+    taken = {m.key: m for m in marks}
+    rungs: list[Rung] = []
+    for finding in findings:
+        if finding.action not in ACTIONS:
+            continue
+        rule = ladder.rule_for(finding)
+        if rule is None:
+            rungs.append(Rung(finding.check, finding.component, finding.action))
+            continue
+        mark = taken.get((rule.name, finding.component))
+        if mark is not None and in_progress and finding.first_seen <= mark.at:
+            step = min(mark.step, len(rule.steps) - 1)
+            why = f"the {mark.performed} of {(now - mark.at) / 60:.0f} min ago is under way"
+        else:
+            step, why = _position(rule, mark, now)
+        following = rule.steps[step + 1] if step + 1 < len(rule.steps) else None
+        rungs.append(
+            Rung(
+                finding.check,
+                finding.component,
+                rule.steps[step].action,
+                rule.name,
+                step,
+                len(rule.steps),
+                why,
+                following.action if following else None,
+                rule.steps[step].within_s if following else 0.0,
+            )
+        )
+    return tuple(rungs)
+
+
+def _position(rule: LadderRule, mark: LadderMark | None, now: float) -> tuple[int, str]:
+    if mark is None:
+        return 0, "first step"
+    last = rule.steps[min(mark.step, len(rule.steps) - 1)]
+    age = now - mark.at
+    if age > last.within_s:
+        return 0, (
+            f"last {mark.performed} {age / HOUR:.1f} h ago, beyond {last.within_s / HOUR:g} h:"
+            " from the first step"
+        )
+    for index in range(mark.step + 1, len(rule.steps)):
+        if action_rank(rule.steps[index].action) > action_rank(mark.performed):
+            return index, f"again {age / HOUR:.1f} h after a {mark.performed}"
+    return len(rule.steps) - 1, f"again {age / HOUR:.1f} h after a {mark.performed}; no step above"
+
+
+def live_marks(marks: Iterable[LadderMark], ladder: Ladder, now: float) -> tuple[LadderMark, ...]:
+    """The marks still in their step's window (a mark whose rule is gone is dropped)."""
+    kept = []
+    for mark in marks:
+        rule = ladder.rule_named(mark.rule)
+        if rule is None:
+            continue
+        if now - mark.at <= rule.steps[min(mark.step, len(rule.steps) - 1)].within_s:
+            kept.append(mark)
+    return tuple(sorted(kept, key=lambda m: m.key))
+
+
+def mark_ladder(
+    marks: Iterable[LadderMark],
+    rungs: Iterable[Rung],
+    performed: Action,
+    ladder: Ladder,
+    now: float,
+) -> tuple[LadderMark, ...]:
+    """The marks after an action for `rungs` that the providers carried out as `performed`."""
+    kept = {m.key: m for m in live_marks(marks, ladder, now)}
+    for rung in rungs:
+        if rung.rule:
+            done = performed if action_rank(performed) >= action_rank(rung.action) else rung.action
+            mark = LadderMark(rung.rule, rung.component, rung.step, rung.action, done, now)
+            kept[mark.key] = mark
+    newest = sorted(kept.values(), key=lambda m: m.at)[-MAX_LADDER_MARKS:]
+    return tuple(sorted(newest, key=lambda m: m.key))
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +416,9 @@ class PolicyConfig:
     cooldown_s: float = 3600.0  # after an action starts, the node is left alone this long
     active_timeout_s: float = 3 * 3600.0  # an unconfirmed action stops counting after this
     max_attempts: int = 3  # after this many actions on one node, a human decides
+    healthy_reset_s: float = 24 * 3600.0  # healthy this long without a break: attempts back to 0
+    alert_ttl_s: float = 24 * 3600.0  # a firing alert not sent again for this long expires
+    ladder: Ladder = DEFAULT_LADDER
 
     def budget(self, gpu_nodes: int) -> int:
         return max(self.budget_nodes, math.floor(gpu_nodes * self.budget_percent / 100.0))
@@ -80,6 +447,8 @@ class PolicyConfig:
             "cooldown_s": raw.get("cooldown_seconds"),
             "active_timeout_s": raw.get("active_timeout_seconds"),
             "max_attempts": raw.get("max_attempts"),
+            "healthy_reset_s": raw.get("healthy_reset_seconds"),
+            "alert_ttl_s": raw.get("alert_ttl_seconds"),
         }
         for name, value in numbers.items():
             if value is None:
@@ -89,6 +458,8 @@ class PolicyConfig:
                 problems.append(f"{name}={value!r} is not a non-negative number; using {default}")
                 continue
             values[name] = int(value) if isinstance(default, int) else float(value)
+        values["ladder"], ladder_problems = parse_ladder(raw.get("ladder"))
+        problems += ladder_problems
         return replace(defaults, **values), problems
 
 
@@ -102,6 +473,7 @@ class NodeRequest:
     onset: float | None = None  # when the failure began (earliest first_seen / startsAt)
     opted_out: bool = False
     hyperpod_status: str = ""
+    rungs: tuple[Rung, ...] = ()  # the findings' ladder steps behind `action`
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +486,7 @@ class Decision:
     mode: Mode
     at: float
     triggers: tuple[str, ...] = ()
+    rungs: tuple[Rung, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -125,6 +498,7 @@ class Decision:
             "mode": self.mode,
             "at": self.at,
             "triggers": list(self.triggers),
+            "ladder": [r.as_dict() for r in self.rungs],
         }
 
 
@@ -174,6 +548,8 @@ def reset_breaker(breaker: Breaker) -> Breaker:
 class ClusterFacts:
     gpu_nodes: int
     pending_elsewhere: frozenset[str] = frozenset()  # nodes HyperPod already has pending
+    # Deleted nodes (their state dropped) whose last action started within the budget window.
+    started_elsewhere: frozenset[str] = frozenset()
 
 
 def decide(
@@ -190,13 +566,16 @@ def decide(
     active |= facts.pending_elsewhere
     hour_start = now - config.budget_window_s
     started = {n for n, s in states.items() if s.started_at > hour_start}
+    started |= facts.started_elsewhere
     decisions: list[Decision] = []
     for request in requests:
         if request.action is None:
             continue
 
         def make(verdict: Verdict, reason: str, detail: str, r: NodeRequest = request) -> Decision:
-            return Decision(r.node, r.action, verdict, reason, detail, config.mode, now, r.reasons)
+            return Decision(
+                r.node, r.action, verdict, reason, detail, config.mode, now, r.reasons, r.rungs
+            )
 
         state = states.get(request.node)
         if request.opted_out:
@@ -219,7 +598,9 @@ def decide(
                 make(
                     "skip",
                     "attempts_exhausted",
-                    f"{state.attempts} actions already; a person must look at this node",
+                    f"{state.attempts} actions already; a person must look at this node"
+                    f" (attempts reset once it reports healthy for"
+                    f" {config.healthy_reset_s / HOUR:g} h)",
                 )
             )
         elif state is not None and now - state.started_at < config.cooldown_s:
@@ -251,3 +632,43 @@ def decide(
                 triggers = ", ".join(request.reasons) or "requested"
                 decisions.append(make("act", "act", f"{request.action}: {triggers}"))
     return decisions
+
+
+# --- a node's lifecycle -----------------------------------------------------------------------
+
+
+def settle(
+    state: RemediationState, requesting: bool, pending: bool, now: float, config: PolicyConfig
+) -> tuple[RemediationState, tuple[str, ...]]:
+    """A node's state brought up to `now`, and what changed (stable codes, in order).
+
+    `recovered`: an accepted action and the node reports healthy; `healthy`: healthy again, so
+    the clock of `healthy_since` starts; `unhealthy`: that clock stops; `attempts_reset`: healthy
+    for `healthy_reset_s` without a break, so the node gets its attempts back; `ladder_expired`:
+    marks whose window has passed are dropped (the next failure starts from the first step).
+    `pending`: HyperPod still has the node pending, which is not health.
+    """
+    changes: list[str] = []
+    if (
+        state.healthy_since is not None
+        and state.attempts > 0
+        and now - state.healthy_since >= config.healthy_reset_s
+    ):
+        state = replace(state, attempts=0)
+        changes.append("attempts_reset")
+    marks = live_marks(state.ladder, config.ladder, now)
+    if marks != state.ladder:
+        state = replace(state, ladder=marks)
+        changes.append("ladder_expired")
+    if requesting:
+        if state.healthy_since is not None:
+            state = replace(state, healthy_since=None)
+            changes.append("unhealthy")
+    elif not pending:
+        if state.outcome == "done":
+            state = state.finished("recovered", now, "node reports healthy")
+            changes.append("recovered")
+        if state.healthy_since is None and not state.is_active(now, config.active_timeout_s):
+            state = replace(state, healthy_since=now)
+            changes.append("healthy")
+    return state, tuple(changes)

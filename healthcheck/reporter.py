@@ -12,6 +12,14 @@ full conditions list and the Node's resourceVersion: a merge patch replaces list
 kubelet's conditions are read and written back, and the resourceVersion makes a concurrent
 kubelet update a 409 to retry rather than a lost write.
 
+Both writes carry the field manager `topowatch-node-agent` (`healthcheck/provenance.py`): the
+API server records it in the Node's managedFields as the owner of the annotation, and the
+controller acts only on findings that manager owns. The server moves ownership only when a
+write changes a value, so an identical annotation written earlier by someone else (an agent of
+an older version, `kubectl annotate`) stays theirs: when the patched Node says so, the reporter
+removes the annotation and writes it again
+(`topowatch_health_report_writes_total{kind="annotation_reclaimed"}`).
+
 All API calls happen on the reporter's own thread (`start`/`submit`): a slow or absent API
 server delays the report, never the poll loop or a scrape. Failures are counted by reason.
 """
@@ -36,6 +44,7 @@ from healthcheck.findings import (
     worst_first,
 )
 from healthcheck.monitor import HealthMonitor, HealthReport
+from healthcheck.provenance import AGENT_FIELD_MANAGER, owners
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,7 @@ EVENT_NAMESPACE = "default"  # where the kubelet records Node events too
 COMPONENT = "topowatch-node"
 REFRESH_SECONDS = 300.0
 MAX_MESSAGE_CHARS = 1024
+FIELD_MANAGER = f"?fieldManager={AGENT_FIELD_MANAGER}"  # on every write to the Node
 
 Signature = tuple[tuple[str, str, str, str], ...]
 HEALTHY: Signature = ()
@@ -166,8 +176,14 @@ class NodeReporter:
 
     def _write_annotation(self, report: HealthReport) -> None:
         value = findings_to_json(report.actionable)
+        path = self._node_path() + FIELD_MANAGER
         body = {"metadata": {"annotations": {FINDINGS_ANNOTATION: value}}}
-        self.api.patch(self._node_path(), body, timeout=self._timeout)
+        written = self.api.patch(path, body, timeout=self._timeout)
+        if _owned_by_another(written):
+            removal = {"metadata": {"annotations": {FINDINGS_ANNOTATION: None}}}
+            self.api.patch(path, removal, timeout=self._timeout)
+            self.api.patch(path, body, timeout=self._timeout)
+            self._count("written", "annotation_reclaimed")
         self._count("written", "annotation")
 
     def _write_condition(self, report: HealthReport, now: float) -> None:
@@ -196,7 +212,8 @@ class NodeReporter:
                 "status": {"conditions": [*others, condition]},
             }
             try:
-                self.api.patch(self._node_path() + "/status", body, timeout=self._timeout)
+                path = self._node_path() + "/status" + FIELD_MANAGER
+                self.api.patch(path, body, timeout=self._timeout)
             except ApiError as e:
                 if e.status == 409 and attempt == 1:  # the kubelet wrote in between: re-read
                     continue
@@ -250,3 +267,12 @@ class NodeReporter:
     def _count(self, outcome: str, label: str) -> None:
         if self.monitor is not None:
             self.monitor.count_report(outcome, label)
+
+
+def _owned_by_another(node: dict[str, Any]) -> bool:
+    """The patched Node records an owner of the findings annotation other than this agent's
+    field manager (False when the server returned no managedFields: nothing to go by)."""
+    meta = node.get("metadata")
+    if not isinstance(meta, dict) or not meta.get("managedFields"):
+        return False
+    return owners(node) != (AGENT_FIELD_MANAGER,)

@@ -4,6 +4,11 @@ The controller writes the state *before* it calls a provider and again with the 
 restarted controller reads back what it already did: it never repeats an action whose call may
 have gone out, and never forgets one that did. Parsing never raises: a malformed annotation is
 reported as a problem and treated as "no state", which the policy then handles conservatively.
+
+Beside the last action the state carries the node's action ladder (one mark per rule and
+component: which step was last taken and when, see healthcheck/policy.py) and since when the
+node has reported healthy, so a restarted controller continues a ladder where it stood and a
+node's attempt count resets after a healthy period, both from the annotation alone.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from typing import Any, Literal, get_args
 
 ANNOTATION = "topowatch.io/remediation"
 
-Action = Literal["reboot", "replace"]
+# Weakest first: a GPU reset, a reboot of the node (resets every GPU), a replacement.
+Action = Literal["reset", "reboot", "replace"]
 # requested: written before the provider call (a crash here must not lead to a repeat);
 # done: the provider accepted it; failed: the provider refused or errored;
 # recovered: the node reported healthy again afterwards; gone: the node object was deleted.
@@ -24,6 +30,31 @@ Outcome = Literal["requested", "done", "failed", "recovered", "gone"]
 ACTIONS: tuple[Action, ...] = get_args(Action)
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 ACTIVE_OUTCOMES: frozenset[str] = frozenset({"requested", "done"})
+MAX_LADDER_MARKS = 64  # bounds the annotation: one mark per (rule, component) on one node
+
+
+def action_rank(action: str | None) -> int:
+    """0 for no action, then reset < reboot < replace."""
+    for rank, known in enumerate(ACTIONS, start=1):
+        if action == known:
+            return rank
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class LadderMark:
+    """The last ladder step taken for one rule on one component (e.g. xid-79 on gpu3)."""
+
+    rule: str
+    component: str
+    step: int  # index into the rule's steps
+    action: Action  # that step's action
+    performed: Action  # what the providers did for it (a reset may be done as a reboot)
+    at: float  # when the action was started
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.rule, self.component)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +62,12 @@ class RemediationState:
     action: Action
     started_at: float
     provider: str
-    attempts: int
+    attempts: int  # actions since the node was last healthy long enough (0 after a reset)
     outcome: Outcome
     finished_at: float | None = None
     message: str = ""
+    ladder: tuple[LadderMark, ...] = ()
+    healthy_since: float | None = None  # reporting healthy without a break since then
 
     def is_active(self, now: float, active_timeout_s: float) -> bool:
         """Still in remediation: accepted or in flight, and not older than the timeout."""
@@ -45,7 +78,9 @@ class RemediationState:
 
 
 def dump_state(state: RemediationState) -> str:
-    return json.dumps(asdict(state), sort_keys=True, separators=(",", ":"))
+    raw = asdict(state)
+    raw["ladder"] = [asdict(m) for m in sorted(state.ladder, key=lambda m: m.key)]
+    return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
 
 def parse_state(text: str | None) -> tuple[RemediationState | None, str | None]:
@@ -65,9 +100,7 @@ def parse_state(text: str | None) -> tuple[RemediationState | None, str | None]:
 
 
 def _from_mapping(raw: dict[str, Any]) -> RemediationState:
-    action = raw.get("action")
-    if action not in ACTIONS:
-        raise ValueError(f"action {action!r} is not one of {', '.join(ACTIONS)}")
+    action = _action(raw.get("action"), "action")
     outcome = raw.get("outcome")
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
@@ -75,13 +108,47 @@ def _from_mapping(raw: dict[str, Any]) -> RemediationState:
     finished_raw = raw.get("finished_at")
     finished = None if finished_raw is None else _number(finished_raw, "finished_at")
     attempts = raw.get("attempts", 1)
-    if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
-        raise ValueError(f"attempts {attempts!r} is not a positive integer")
+    if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 0:
+        raise ValueError(f"attempts {attempts!r} is not a non-negative integer")
     provider = raw.get("provider", "")
     message = raw.get("message", "")
     if not isinstance(provider, str) or not isinstance(message, str):
         raise ValueError("provider and message must be strings")
-    return RemediationState(action, started, provider, attempts, outcome, finished, message)
+    healthy_raw = raw.get("healthy_since")
+    healthy = None if healthy_raw is None else _number(healthy_raw, "healthy_since")
+    marks = raw.get("ladder", [])
+    if not isinstance(marks, list) or len(marks) > MAX_LADDER_MARKS:
+        raise ValueError(f"ladder is not a list of at most {MAX_LADDER_MARKS} marks")
+    ladder = tuple(_mark(m, i) for i, m in enumerate(marks))
+    if len({m.key for m in ladder}) != len(ladder):
+        raise ValueError("ladder has two marks for one rule and component")
+    return RemediationState(
+        action, started, provider, attempts, outcome, finished, message, ladder, healthy
+    )
+
+
+def _mark(raw: Any, index: int) -> LadderMark:
+    if not isinstance(raw, dict):
+        raise ValueError(f"ladder[{index}] is not an object")
+    rule, component, step = raw.get("rule"), raw.get("component"), raw.get("step")
+    if not isinstance(rule, str) or not rule or not isinstance(component, str) or not component:
+        raise ValueError(f"ladder[{index}]: rule and component must be non-empty strings")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"ladder[{index}]: step {step!r} is not a non-negative integer")
+    return LadderMark(
+        rule,
+        component,
+        step,
+        _action(raw.get("action"), f"ladder[{index}].action"),
+        _action(raw.get("performed"), f"ladder[{index}].performed"),
+        _number(raw.get("at"), f"ladder[{index}].at"),
+    )
+
+
+def _action(value: Any, name: str) -> Action:
+    if value not in ACTIONS:
+        raise ValueError(f"{name} {value!r} is not one of {', '.join(ACTIONS)}")
+    return value  # type: ignore[no-any-return]
 
 
 def _number(value: Any, name: str) -> float:

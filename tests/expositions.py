@@ -31,6 +31,7 @@ from healthcheck.controller import RemediationController
 from healthcheck.findings import FINDINGS_ANNOTATION, Finding, findings_to_json
 from healthcheck.monitor import HealthMonitor
 from healthcheck.policy import PolicyConfig
+from healthcheck.provenance import agent_entry
 
 PROFILES = ("p5.48xlarge", "p6e-gb200.36xlarge")
 START = 1_795_000_000.0  # the simulated cluster's default epoch
@@ -203,6 +204,7 @@ def _with_finding(node: dict[str, Any], now: float) -> dict[str, Any]:
         **(meta.get("annotations") or {}),
         FINDINGS_ANNOTATION: findings_to_json([sick]),
     }
+    meta["managedFields"] = [*(meta.get("managedFields") or []), agent_entry()]
     return {**node, "metadata": meta}
 
 

@@ -115,6 +115,8 @@ def test_every_core_manifest_passes_strict_kubernetes_validation(profile: str) -
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     for manifest in core:
         # Raises ValidationError (unknown field, wrong type) or SchemaNotFoundError.
@@ -136,6 +138,8 @@ def test_schema_refuses_misspelled_values() -> None:
         {"cluster": {"resource": {}}},
         {"remediation": {"mode": "enforce"}},
         {"serviceMonitor": {"enable": True}},
+        {"nodeAgent": {"admissionPolicy": {"enable": False}}},
+        {"nodeAgent": {"admissionPolicy": True}},
     ]
     for typo in typos:
         with pytest.raises(helm.HelmValuesError):
@@ -224,7 +228,10 @@ REMEDIATION_WRITES = {("", "nodes", "patch"), ("", "events", "create")}
 @pytest.mark.parametrize("profile", ["default", "observe"])
 def test_cluster_service_cannot_write_unless_remediation_acts(profile: str) -> None:
     role = granted(one(rendered(profile), "ClusterRole", "topowatch-cluster"))
-    assert {verb for _, _, verb in role} == {"get", "list", "watch"}
+    # Observe mode writes only Events (every decision is one); it never touches a Node.
+    events = {("", "events", "create")} if profile == "observe" else set()
+    assert {grant for grant in role if grant[2] in WRITE_VERBS} == events
+    assert {verb for _, _, verb in role} - WRITE_VERBS == {"get", "list", "watch"}
     kueue = {resource for group, resource, _ in role if group == "kueue.x-k8s.io"}
     assert kueue == {
         "workloads",
@@ -236,6 +243,32 @@ def test_cluster_service_cannot_write_unless_remediation_acts(profile: str) -> N
         "workloadpriorityclasses",
     }
     assert {resource for group, resource, _ in role if group == ""} == {"nodes", "pods", "events"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "writes"),
+    [("observe", {("", "events", "create")}), ("act", REMEDIATION_WRITES)],
+)
+def test_remediation_may_create_events_whenever_the_controller_runs(
+    mode: str, writes: set[tuple[str, str, str]]
+) -> None:
+    """Every decision is an Event in both modes; without `create events` they would fail."""
+    values = {"remediation": {"enabled": True, "mode": mode}, "rbac": {"create": True}}
+    role = granted(one(render(CHART, values), "ClusterRole", "topowatch-cluster"))
+    assert ("", "events", "create") in role
+    assert {grant for grant in role if grant[2] in WRITE_VERBS} == writes
+
+
+def test_the_charts_remediation_config_is_one_the_service_accepts() -> None:
+    from healthcheck.policy import DEFAULT_LADDER, PolicyConfig
+
+    for profile in ("observe", "act"):
+        config_map = one(rendered(profile), "ConfigMap", "topowatch-cluster-remediation")
+        raw = yaml.safe_load(config_map["data"]["remediation.yaml"])
+        config, problems = PolicyConfig.from_mapping(raw)
+        assert problems == [] and config.mode == profile
+        assert config.ladder.rules == DEFAULT_LADDER.rules
+        assert config.healthy_reset_s == 86400
 
 
 def test_remediation_in_act_mode_gets_only_its_write_verbs() -> None:
@@ -256,6 +289,31 @@ def test_node_agent_may_only_report_on_nodes() -> None:
     quiet = render(CHART, {"nodeAgent": {"reportNodeStatus": False}})
     quiet_role = granted(one(quiet, "ClusterRole", "topowatch-node-agent"))
     assert {verb for _, _, verb in quiet_role} == {"get", "list", "watch"}
+
+
+def test_node_agent_writes_are_scoped_by_an_admission_policy_by_default() -> None:
+    """RBAC lets the agent patch every Node; the policy (tests/test_admission_policy.py runs
+    its CEL) narrows that to its own Node and topowatch's keys. On by default: the chart
+    needs Kubernetes 1.30, where admissionregistration.k8s.io/v1 serves it."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == ">=1.30.0-0"
+    for profile in ("default", "observe", "act"):
+        manifests = rendered(profile)
+        policy = one(manifests, "ValidatingAdmissionPolicy", "topowatch-node-reports")
+        binding = one(manifests, "ValidatingAdmissionPolicyBinding", "topowatch-node-reports")
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        assert binding["spec"]["policyName"] == "topowatch-node-reports"
+        assert binding["spec"]["validationActions"] == ["Deny"]
+    for values in (
+        {"nodeAgent": {"admissionPolicy": {"enabled": False}}},
+        {"nodeAgent": {"enabled": False}},
+    ):
+        kinds = {m["kind"] for m in render(CHART, values)}
+        assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    # without the health report the agent writes nothing, and the policy still keeps every
+    # other writer off the findings annotation
+    quiet = render(CHART, {"nodeAgent": {"reportNodeStatus": False}})
+    one(quiet, "ValidatingAdmissionPolicy", "topowatch-node-reports")
 
 
 def test_bindings_tie_each_role_to_its_own_service_account() -> None:

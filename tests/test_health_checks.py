@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from exporter.snapshot import (
@@ -17,6 +18,7 @@ from exporter.snapshot import (
     GpuInventory,
     NodeSnapshot,
     NodeTopology,
+    NvmlFailure,
     PodRef,
     RetiredPages,
     XidEvent,
@@ -46,7 +48,7 @@ T0 = 1_750_000_000.0
 
 # fault -> (check, component, severity, action, actionable once damped)
 FAULTS = {
-    "xid=79@gpu3": ("xid", "gpu3", "fatal", "replace", True),
+    "xid=79@gpu3": ("xid", "gpu3", "fatal", "reboot", True),
     "gpu-lost@gpu2": ("gpu_missing", "gpu2", "critical", "replace", True),
     "nvlink-down@gpu0:link3": ("nvlink_down", "gpu0:link3", "critical", "reboot", True),
     "nvlink-crc@gpu1:link0": ("nvlink_errors", "gpu1:link0", "critical", "reboot", True),
@@ -57,6 +59,11 @@ FAULTS = {
     "efa-missing@rdmap16s27": ("efa_missing", "node", "critical", "reboot", True),
     "efa-unresponsive@rdmap16s27": ("efa_remote_errors", "rdmap16s27:1", "warning", "none", False),
     "rootfs-ro": ("rootfs_read_only", "node", "critical", "reboot", True),
+    # NVML's own failures, by what their code means (tests/test_nvml_classification.py)
+    "gpu-reset-required@gpu2": ("gpu_reset_required", "gpu2", "critical", "reboot", True),
+    "nvml-timeout@gpu5": ("gpu_timeout", "gpu5", "warning", "none", False),  # no evidence
+    "nvml-library-missing": ("deployment", "node", "warning", "none", False),
+    "nvml-no-permission": ("deployment", "node", "warning", "none", False),
 }
 
 
@@ -166,7 +173,7 @@ def checks_of(
 @pytest.mark.parametrize(
     ("xid", "severity", "action"),
     [
-        (79, "fatal", "replace"),  # off the bus
+        (79, "fatal", "reboot"),  # off the bus: RESTART_BM; the ladder replaces on recurrence
         (48, "fatal", "reboot"),  # double-bit ECC workflow
         (64, "fatal", "reboot"),  # retirement failure: RESET_GPU
         (63, "info", "none"),  # a row remap event: the catalog says ignore
@@ -277,7 +284,15 @@ def test_nvlink_counter_reset_is_not_an_error_storm(base: NodeSnapshot) -> None:
 
 
 def test_nvml_down_on_a_gpu_instance_but_not_on_a_cpu_node(base: NodeSnapshot) -> None:
-    down = dataclasses.replace(base, gpu=GpuInventory(available=False, error="driver not loaded"))
+    # The driver went away after NVML had worked (the source classes that as hardware): reboot.
+    # Before issue 13 any unavailable NVML meant reboot; one that never worked since the agent
+    # started is now a deployment finding (tests/test_nvml_classification.py).
+    gone = NvmlFailure(
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "NVML_ERROR_DRIVER_NOT_LOADED", "hardware"
+    )
+    down = dataclasses.replace(
+        base, gpu=GpuInventory(available=False, error="driver not loaded", failure=gone)
+    )
     assert ("nvml_down", "node", "reboot") in checks_of(down)
     cpu_node = dataclasses.replace(
         down, topology=NodeTopology({"node.kubernetes.io/instance-type": "m5.large"})

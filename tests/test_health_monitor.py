@@ -101,7 +101,7 @@ def test_findings_show_in_the_same_polls_exposition_and_lint_clean(sim: Sim) -> 
     assert {
         ("rootfs_read_only", "node", "critical", "reboot"),
         ("nvlink_down", "gpu0:link3", "critical", "reboot"),
-        ("xid", "gpu3", "fatal", "replace"),
+        ("xid", "gpu3", "fatal", "reboot"),
     } <= active
     actionable = {lab["check"] for lab, v in found["topowatch_health_finding_actionable"] if v}
     assert {"rootfs_read_only", "nvlink_down", "xid"} <= actionable

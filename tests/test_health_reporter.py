@@ -314,7 +314,7 @@ def test_simulated_fleet_reports_an_injected_fault_to_its_node() -> None:
         assert status == {names[0]: "False", names[1]: "True"}
         node = env.store.get("nodes", "", names[0]) or {}
         found = findings_from_json(node["metadata"]["annotations"][FINDINGS_ANNOTATION])
-        assert [(f.check, f.component, f.action) for f in found] == [("xid", "gpu3", "replace")]
+        assert [(f.check, f.component, f.action) for f in found] == [("xid", "gpu3", "reboot")]
     finally:
         fleet.close()
         env.server.stop()

@@ -225,8 +225,9 @@ def test_injected_faults_show_on_the_dashboards_as_an_operator_would_see_them(
     assert {(s["metric"]["gpu"], s["metric"]["link"]) for s in down} == {("0", "3")}
     xids = prometheus.query(f'sum by (xid) (topowatch_xid_errors_total{{node="{node}"}})')
     assert [s["metric"]["xid"] for s in xids] == ["79"]
-    requesting = prometheus.query('topowatch_remediation_nodes_requesting{action="replace"}')
-    assert [s["value"][1] for s in requesting] == ["1"]  # the sick node the controller saw
+    # the sick node the controller saw: XID 79's first ladder step is a reboot (RESTART_BM)
+    requesting = prometheus.query('topowatch_remediation_nodes_requesting{action="reboot"}')
+    assert [s["value"][1] for s in requesting] == ["1"]
     unmet = prometheus.query("topowatch_workload_topology_satisfied == 0")
     assert [s["metric"]["workload"].startswith(f"job-{SPREAD_JOB}-") for s in unmet] == [True]
 

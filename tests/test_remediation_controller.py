@@ -29,6 +29,7 @@ from healthcheck.audit import AuditRecord
 from healthcheck.controller import KubeNodeWriter, RemediationController
 from healthcheck.findings import FINDINGS_ANNOTATION
 from healthcheck.policy import PolicyConfig
+from healthcheck.provenance import AGENT_FIELD_MANAGER, agent_entry
 from healthcheck.state import ANNOTATION as STATE
 from healthcheck.state import RemediationState, dump_state, parse_state
 
@@ -68,6 +69,7 @@ def node(
             "name": name,
             "labels": {HEALTH: "Schedulable", **(labels or {})},
             "annotations": notes,
+            "managedFields": [agent_entry()],  # the node's agent wrote the findings
         },
         "status": {"capacity": {"nvidia.com/gpu": "8"}},
     }
@@ -139,9 +141,10 @@ def test_observe_mode_decides_and_logs_but_touches_nothing() -> None:
 def test_act_mode_acts_once_and_records_state() -> None:
     controller, provider, writer, _ = make()
     healthy = node("ok", [])
-    assert feed(controller, node("n1", [finding("reboot"), finding("replace")]), healthy) == [
-        ("n1", "act")
-    ]
+    # the stronger remedy wins: XID 79's first ladder step (a reboot) and a row-remap failure
+    # (replace; no ladder rule)
+    remap = {**finding(), "check": "row_remap_failure", "evidence": "row remapping failed"}
+    assert feed(controller, node("n1", [finding("reboot"), remap]), healthy) == [("n1", "act")]
     assert provider.calls == [("n1", "replace")]
     assert writer.states["n1"].outcome == "done" and writer.states["n1"].attempts == 1
     # the same report again (every poll re-sends the Node) is not a second action
@@ -280,10 +283,11 @@ def test_hyperpod_label_state_annotation_and_event_then_restart_does_not_repeat(
     assert [d.reason for d in first.run_once()] == ["act"]
     stored = store.get("nodes", "", "n1")
     assert stored is not None
-    assert stored["metadata"]["labels"][HEALTH] == "UnschedulablePendingReplacement"
+    # XID 79: the ladder's first step is a reboot (NVIDIA's catalog: RESTART_BM), not replace
+    assert stored["metadata"]["labels"][HEALTH] == "UnschedulablePendingReboot"
     state, problem = parse_state(stored["metadata"]["annotations"][STATE])
     assert problem is None and state is not None
-    assert (state.action, state.outcome, state.provider) == ("replace", "done", "hyperpod")
+    assert (state.action, state.outcome, state.provider) == ("reboot", "done", "hyperpod")
     reasons = {e["reason"] for e in store.items("events")}
     assert {"RemediationStarted", "RemediationAccepted"} <= reasons
 
@@ -383,6 +387,7 @@ def test_service_forwards_node_events_and_guards_alerts_and_reset() -> None:
             core.patch_node(
                 "n0",
                 {"metadata": patched["metadata"]},
+                field_manager=AGENT_FIELD_MANAGER,  # as the agent writes (healthcheck/provenance)
                 _content_type="application/merge-patch+json",
             )
 

@@ -78,26 +78,36 @@ def test_xid79_leads_to_the_hyperpod_replacement_label(
         findings = json.loads(
             node_obj(env, sick)["metadata"]["annotations"]["topowatch.io/findings"]
         )
-        assert any(f["check"] == "xid" and f["action"] == "replace" for f in findings)
+        assert any(f["check"] == "xid" and "XID 79" in f["evidence"] for f in findings)
 
         if mode == "act":
+            # XID 79's first ladder step is a reboot (NVIDIA's catalog: RESTART_BM); the same GPU
+            # again within 24 h would be a replacement (tests/test_remediation_lifecycle.py).
             eventually(
                 lambda: (
                     node_obj(env, sick)["metadata"]["labels"].get(HEALTH_LABEL)
-                    == "UnschedulablePendingReplacement"
+                    == "UnschedulablePendingReboot"
                 ),
                 timeout=20,
-                what="the HyperPod replacement label",
+                what="the HyperPod reboot label",
             )
             state = json.loads(
                 node_obj(env, sick)["metadata"]["annotations"]["topowatch.io/remediation"]
             )
-            assert state["action"] == "replace" and state["provider"] == "hyperpod"
+            assert state["action"] == "reboot" and state["provider"] == "hyperpod"
+            assert [(m["rule"], m["component"], m["step"]) for m in state["ladder"]] == [
+                ("xid-79", "gpu3", 0)
+            ]
             _, body = running.get("/metrics")
             assert (
-                b'topowatch_remediation_detection_to_action_seconds_count{action="replace"} 1'
+                b'topowatch_remediation_detection_to_action_seconds_count{action="reboot"} 1'
                 in body
             )
+            _, status = running.get("/api/v1/remediation")
+            [entry] = [n for n in status["nodes"] if n["node"] == sick]
+            assert [(s["rule"], s["step"], s["next"]) for s in entry["ladder"]] == [
+                ("xid-79", 1, "replace")
+            ]
         else:
             # Observe decides and says so, and touches nothing.
             decided = b'topowatch_remediation_decisions_total{verdict="skip",reason="observe",'

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,7 +19,13 @@ from botocore.stub import Stubber
 
 from exporter.cluster.run import kube_api_client
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
-from healthcheck.actions.base import ActionRequest
+from healthcheck.actions.base import (
+    ActionRequest,
+    ActionResult,
+    Provider,
+    executable,
+    provider_actions,
+)
 from healthcheck.actions.hyperpod import HyperPodLabeler
 from healthcheck.actions.kubernetes import TAINT_KEY, Cordoner
 from healthcheck.actions.sagemaker import SageMakerNodes, instance_id_of
@@ -264,3 +270,57 @@ def test_webhook_posts_the_decision_and_non_2xx_is_failure(hook: tuple[str, type
     assert not down.ok and "unreachable" in down.detail
     with pytest.raises(ValueError):
         WebhookNotifier("file:///etc/passwd")
+
+
+def test_each_provider_says_what_it_can_do_and_a_reset_falls_back_to_a_reboot() -> None:
+    """No node API here resets one GPU; a reboot resets them all, so a ladder's reset step is a
+    reboot for HyperPod, SageMaker and Slurm, and passes through to cordon and webhook."""
+    core: Any = object()
+    sagemaker = SageMakerNodes(object(), "c")
+    reboot_for_reset: list[Provider] = [HyperPodLabeler(core), sagemaker, SlurmNodes()]
+    as_asked: list[Provider] = [Cordoner(core), WebhookNotifier("http://127.0.0.1:9/x")]
+
+    class Unsaid:  # a provider that declares nothing: reboot and replace, as before
+        name = "unsaid"
+
+        def execute(self, requests: Sequence[ActionRequest]) -> list[ActionResult]:
+            return []
+
+    class ResetOnly:
+        name = "reset-only"
+        actions = frozenset({"reset"})
+
+        def execute(self, requests: Sequence[ActionRequest]) -> list[ActionResult]:
+            return []
+
+    for provider in [*reboot_for_reset, Unsaid()]:
+        assert [executable(a, provider) for a in ("reset", "reboot", "replace")] == [
+            "reboot",
+            "reboot",
+            "replace",
+        ], provider.name
+    for provider in as_asked:
+        assert [executable(a, provider) for a in ("reset", "reboot", "replace")] == [
+            "reset",
+            "reboot",
+            "replace",
+        ], provider.name
+    assert provider_actions(ResetOnly()) == {"reset"}
+    assert [executable(a, ResetOnly()) for a in ("reset", "reboot", "replace")] == [
+        "reset",
+        None,  # never escalated to something stronger than asked
+        None,
+    ]
+
+
+def test_cordon_and_webhook_carry_a_reset_as_asked(
+    kube: tuple[ObjectStore, Any], hook: tuple[str, type[_Hook]]
+) -> None:
+    store, api = kube
+    [cordoned] = Cordoner(api).execute([ActionRequest("n1", "reset")])
+    assert cordoned.ok
+    taints = store.get("nodes", "", "n1")["spec"]["taints"]  # type: ignore[index]
+    assert {"key": TAINT_KEY, "value": "reset", "effect": "NoSchedule"} in taints
+    url, handler = hook
+    [posted] = WebhookNotifier(url).execute([ActionRequest("n1", "reset")])
+    assert posted.ok and handler.received[-1]["action"] == "reset"

@@ -140,8 +140,10 @@ def build_controller(
     """The controller and the alerts token (or None) from the remediation YAML.
 
     YAML keys: mode (observe|act), budget {nodes, percent, window_seconds}, breaker {threshold,
-    window_seconds}, cooldown_seconds, active_timeout_seconds, max_attempts, providers [...],
-    alert_token_file. A config that cannot be read fully is refused: no half-understood policy.
+    window_seconds}, cooldown_seconds, active_timeout_seconds, max_attempts,
+    healthy_reset_seconds, alert_ttl_seconds, ladder {rules, defaults} (healthcheck.policy's
+    parse_ladder), providers [...], alert_token_file. A config that cannot be read fully is
+    refused: no half-understood policy, and no ladder with a loop or an unknown action.
     """
     try:
         raw = yaml.safe_load(config_file.read_text()) or {}
@@ -164,6 +166,7 @@ def controller_from_mapping(
     raw: dict[str, Any], api_client: kubernetes.client.ApiClient
 ) -> RemediationController:
     """A controller from an already-parsed remediation config (see build_controller)."""
+    from healthcheck.actions.base import executable
     from healthcheck.actions.registry import ConfigError, build_providers
     from healthcheck.controller import KubeNodeWriter, RemediationController
     from healthcheck.policy import PolicyConfig
@@ -178,6 +181,13 @@ def controller_from_mapping(
         raise RemediationConfigError(str(exc)) from exc
     if policy.mode == "act" and not providers:
         raise RemediationConfigError("mode act needs at least one provider")
+    for rule in policy.ladder.rules:
+        for step in rule.steps:
+            unable = [p.name for p in providers if executable(step.action, p) is None]
+            if unable:
+                raise RemediationConfigError(
+                    f"ladder rule {rule.name!r}: {', '.join(unable)} cannot {step.action}"
+                )
     return RemediationController(policy, providers, writer=KubeNodeWriter(core_v1))
 
 

@@ -1,6 +1,13 @@
 """The node agent's poll loop: one background thread that polls every `interval` seconds and
 swaps the new exposition in with one reference assignment, so a scrape sees the old or the new
-bytes, never a mix. The HTTP server reads `current`, `ready` and `healthy` and nothing else.
+bytes, never a mix. The HTTP server reads `current`, `not_ready_reason` and `healthy` and
+nothing else.
+
+Readiness says whether this agent is deployed right, not whether the node is healthy: the
+agent is ready after its first poll unless that poll found NVML unusable because of how the
+agent is deployed (library not mounted, no permission on the device files, no driver since
+start; `GpuInventory.deployment_errors`). Then /readyz answers 503 with the reason, so a bad
+DaemonSet rollout stalls on its first nodes and says why, while metrics keep being served.
 """
 
 from __future__ import annotations
@@ -31,12 +38,14 @@ class NodeAgent:
         self.on_snapshot = on_snapshot
         self.current: Exposition = EMPTY
         self.last_poll_monotonic: float | None = None
+        self._deployment_error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def poll_once(self) -> NodeSnapshot:
         snapshot, exposition = self.poller.poll()
         self.current = exposition  # one reference swap: scrapes see old or new, never a mix
+        self._deployment_error = deployment_error(snapshot)
         self.last_poll_monotonic = time.monotonic()
         if self.on_snapshot is not None:
             try:
@@ -75,8 +84,15 @@ class NodeAgent:
             self._stop.wait(delay)
 
     @property
+    def not_ready_reason(self) -> str | None:
+        """Why the agent is not ready (no poll yet, a deployment error), or None when it is."""
+        if self.last_poll_monotonic is None:
+            return "no poll yet"
+        return self._deployment_error
+
+    @property
     def ready(self) -> bool:
-        return self.last_poll_monotonic is not None
+        return self.not_ready_reason is None
 
     @property
     def healthy(self) -> bool:
@@ -84,3 +100,12 @@ class NodeAgent:
         if self.last_poll_monotonic is None:
             return self._thread is not None and self._thread.is_alive()
         return time.monotonic() - self.last_poll_monotonic < 3 * self.interval + 30
+
+
+def deployment_error(snapshot: NodeSnapshot) -> str | None:
+    """One line on what in the agent's deployment keeps it from NVML, or None."""
+    errors = snapshot.gpu.deployment_errors()
+    if not errors:
+        return None
+    said = "; ".join(f"{sentence} (reason={reason})" for reason, sentence in errors)
+    return f"deployment error, fix the agent's DaemonSet, not the node: {said}"

@@ -313,6 +313,16 @@ def _render_self(fams: _Families, s: NodeSnapshot, node: str) -> None:
     fams.get("topowatch_gpus", GAUGE, "GPUs NVML enumerates on the node.").add_rendered(
         f"{{{node}}}", len(s.gpu.gpus)
     )
+    deployment = sorted({reason for reason, _ in s.gpu.deployment_errors()})
+    if deployment:
+        family = fams.get(
+            "topowatch_node_agent_deployment_error",
+            GAUGE,
+            "1 for each reason the agent cannot use NVML as it is deployed (library not mounted,"
+            " no permission, no driver since start): fix the DaemonSet, not the node.",
+        )
+        for reason in deployment:
+            family.add_rendered(f'{{{node},reason="{_q(reason)}"}}', 1)
     if s.gpu.driver_version:
         fams.get("topowatch_gpu_driver", INFO, "NVIDIA driver version.").add_rendered(
             f'{{{node},driver_version="{_q(s.gpu.driver_version)}"}}', 1

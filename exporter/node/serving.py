@@ -26,14 +26,15 @@ log = logging.getLogger(__name__)
 
 
 class Published(Protocol):
-    """What the server needs from whatever produces expositions: the latest bytes and whether
-    they are fresh. The node agent's poll loop is one; a test can pass anything with these."""
+    """What the server needs from whatever produces expositions: the latest bytes, whether they
+    are fresh, and why not ready if not. The node agent's poll loop is one; a test can pass
+    anything with these."""
 
     @property
     def current(self) -> Exposition: ...
 
     @property
-    def ready(self) -> bool: ...
+    def not_ready_reason(self) -> str | None: ...
 
     @property
     def healthy(self) -> bool: ...
@@ -68,8 +69,11 @@ class _MetricsHandler(BaseHTTPRequestHandler):
             ok = agent.healthy
             self._send(200 if ok else 503, "text/plain", b"ok\n" if ok else b"poll loop stalled\n")
         elif path == "/readyz":
-            ok = agent.ready
-            self._send(200 if ok else 503, "text/plain", b"ready\n" if ok else b"no poll yet\n")
+            reason = agent.not_ready_reason
+            if reason is None:
+                self._send(200, "text/plain", b"ready\n")
+            else:
+                self._send(503, "text/plain; charset=utf-8", f"{reason}\n".encode())
         else:
             self._send(404, "text/plain", b"not found: try /metrics\n")
 

@@ -2,6 +2,8 @@
 
     xid=79@gpu3            an XID event on GPU 3 (delivered once, through the event set)
     gpu-lost@gpu2          GPU 2 falls off the bus: every NVML call on it fails GPU_IS_LOST
+    gpu-reset-required@gpu2  GPU 2 needs a reset: every NVML call on it fails RESET_REQUIRED
+    nvml-timeout@gpu5      every NVML call on GPU 5 fails TIMEOUT (a hung GPU, or a busy driver)
     nvlink-down@gpu0:link3 link 3 of GPU 0 goes inactive
     nvlink-crc@gpu1:link0  CRC flit/data error counters of that link grow fast (a storm)
     ecc-dbe@gpu1           volatile uncorrectable ECC errors appear on GPU 1
@@ -11,6 +13,14 @@
     efa-missing@rdmap16s27 the EFA device disappears from sysfs
     efa-unresponsive@rdmap16s27  unresponsive_remote_events keeps rising on that device
     rootfs-ro              the root filesystem is read-only
+    nvml-library-missing   nvmlInit fails LIBRARY_NOT_FOUND, as pynvml does when it cannot load
+                           libnvidia-ml.so.1 (the pod runs without the NVIDIA runtime class)
+    nvml-no-permission     nvmlInit fails NO_PERMISSION (the device files are not the agent's to
+                           open: 0660 root:video, no supplemental group)
+
+The two nvml-* node faults are deployment faults: they say how the agent was deployed, nothing
+about the hardware. Injected at start, NVML never works; injected later, NVML keeps working
+until it is initialised again (the library is loaded once), as with the real library.
 
 On the cluster simulation a spec is prefixed by its node: `node=NAME:xid=79@gpu3`.
 Parsing is pure and strict: a malformed spec raises `FaultSpecError` naming what is wrong.
@@ -22,10 +32,21 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-GPU_FAULTS = frozenset({"gpu-lost", "ecc-dbe", "remap-failure", "thermal", "pcie-degraded"})
+GPU_FAULTS = frozenset(
+    {
+        "gpu-lost",
+        "gpu-reset-required",
+        "nvml-timeout",
+        "ecc-dbe",
+        "remap-failure",
+        "thermal",
+        "pcie-degraded",
+    }
+)
 LINK_FAULTS = frozenset({"nvlink-down", "nvlink-crc"})
 EFA_FAULTS = frozenset({"efa-missing", "efa-unresponsive"})
-NODE_FAULTS = frozenset({"rootfs-ro"})
+NVML_INIT_FAULTS = frozenset({"nvml-library-missing", "nvml-no-permission"})
+NODE_FAULTS = frozenset({"rootfs-ro"}) | NVML_INIT_FAULTS
 KINDS = GPU_FAULTS | LINK_FAULTS | EFA_FAULTS | NODE_FAULTS | {"xid"}
 
 _GPU = re.compile(r"gpu(\d+)")

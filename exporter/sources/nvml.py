@@ -22,6 +22,13 @@ addressed by scopeId = link index:
 
 XIDs arrive on a background thread (`start()`) waiting on an NVML event set; `read()` drains
 them, each event exactly once.
+
+Every failure keeps its NVML return code and what the code means for the node (`NvmlFailure`,
+`_MEANING` below, in nvml.h's words): a library that is not there, device files the agent may
+not open or a driver NVML has never seen since the agent started are the deployment's fault,
+not the hardware's; a GPU that fell off the bus, or a driver gone after NVML worked, is
+hardware; RESET_REQUIRED asks for a reset; a TIMEOUT is retried on the next poll and judged by
+the health checks only if it persists.
 """
 
 from __future__ import annotations
@@ -39,6 +46,11 @@ from typing import Any
 
 from exporter.snapshot import (
     CLOCK_EVENT_REASONS,
+    NVML_DEPLOYMENT,
+    NVML_HARDWARE,
+    NVML_RESET,
+    NVML_TIMEOUT,
+    NVML_UNKNOWN,
     PROFILING_KEYS,
     EccCounts,
     FabricInfo,
@@ -46,6 +58,7 @@ from exporter.snapshot import (
     GpuProcess,
     GpuReading,
     NvLinkReading,
+    NvmlFailure,
     RemappedRows,
     RetiredPages,
     XidEvent,
@@ -111,13 +124,88 @@ _REMOTE_TYPES = {0x00: "gpu", 0x01: "ibmnpu", 0x02: "switch", 0xFF: "unknown"}
 # c_nvmlValue_t member holding a field value, by nvmlValueType_t.
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
+# What a return code means for the node, with nvml.h's own description of it (nvmlReturn_t).
+# A code not listed here is judged by when it comes: for NVML as a whole (init, enumeration),
+# before NVML has ever worked since the agent started it says nothing about the hardware and is
+# the deployment's (this is where DRIVER_NOT_LOADED falls: a container without the driver, or a
+# node booted without it), and after it worked, the driver broke under a running agent:
+# hardware. For one GPU while NVML works, an unlisted code is that GPU's hardware.
+_MEANING = {
+    # "NVML Shared Library couldn't be found or loaded": not mounted (no NVIDIA runtime class).
+    "LIBRARY_NOT_FOUND": NVML_DEPLOYMENT,
+    # "The current user does not have permission for operation": device files, user, groups.
+    "NO_PERMISSION": NVML_DEPLOYMENT,
+    # "The GPU control device has been blocked by the operating system/cgroups".
+    "OPERATING_SYSTEM": NVML_DEPLOYMENT,
+    # "Local version of NVML doesn't implement this function": the mounted library is too old.
+    "FUNCTION_NOT_FOUND": NVML_DEPLOYMENT,
+    # "The GPU has fallen off the bus or has otherwise become inaccessible".
+    "GPU_IS_LOST": NVML_HARDWARE,
+    # "NVIDIA Kernel detected an interrupt issue with a GPU".
+    "IRQ_ISSUE": NVML_HARDWARE,
+    # "A device's external power cables are not properly attached".
+    "INSUFFICIENT_POWER": NVML_HARDWARE,
+    # "The GPU requires a reset before it can be used again".
+    "RESET_REQUIRED": NVML_RESET,
+    # "User provided timeout passed": retried next poll; the checks decide if it persists.
+    "TIMEOUT": NVML_TIMEOUT,
+}
 
-class _GpuDown(Exception):
+# Every nvmlReturn_t name in nvml.h, to name a code (the simulated module has no dir()).
+_CODE_NAMES = (
+    "UNINITIALIZED",
+    "INVALID_ARGUMENT",
+    "NOT_SUPPORTED",
+    "NO_PERMISSION",
+    "ALREADY_INITIALIZED",
+    "NOT_FOUND",
+    "INSUFFICIENT_SIZE",
+    "INSUFFICIENT_POWER",
+    "DRIVER_NOT_LOADED",
+    "TIMEOUT",
+    "IRQ_ISSUE",
+    "LIBRARY_NOT_FOUND",
+    "FUNCTION_NOT_FOUND",
+    "CORRUPTED_INFOROM",
+    "GPU_IS_LOST",
+    "RESET_REQUIRED",
+    "OPERATING_SYSTEM",
+    "LIB_RM_VERSION_MISMATCH",
+    "IN_USE",
+    "MEMORY",
+    "NO_DATA",
+    "VGPU_ECC_NOT_SUPPORTED",
+    "INSUFFICIENT_RESOURCES",
+    "FREQ_NOT_SUPPORTED",
+    "ARGUMENT_VERSION_MISMATCH",
+    "DEPRECATED",
+    "NOT_READY",
+    "GPU_NOT_FOUND",
+    "INVALID_STATE",
+    "RESET_TYPE_NOT_SUPPORTED",
+    "UNKNOWN",
+)
+
+
+class _Failed(Exception):
+    """An NVML failure carried up with its return code (None when it had none)."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _GpuDown(_Failed):
     """The GPU as a whole cannot be read this poll (lost, timed out, needs reset)."""
 
 
-class _NvmlGone(Exception):
+class _NvmlGone(_Failed):
     """NVML itself stopped working (driver unloaded, library mismatch): re-initialise."""
+
+
+def _code_of(exc: BaseException) -> int | None:
+    code = getattr(exc, "value", None)
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +219,7 @@ class _Codes:
     nvml_gone: frozenset[int]  # NVML failed as a whole
     timeout: int
     fields: Mapping[str, int]
+    names: Mapping[int, str]  # return code -> "NVML_ERROR_..."
 
     @classmethod
     def of(cls, nvml: Any) -> _Codes:
@@ -147,7 +236,34 @@ class _Codes:
             nvml_gone=codes("UNINITIALIZED", "DRIVER_NOT_LOADED", "LIB_RM_VERSION_MISMATCH"),
             timeout=int(nvml.NVML_ERROR_TIMEOUT),
             fields={n: int(getattr(nvml, f"NVML_FI_DEV_{n}", i)) for n, i in _FIELD_IDS.items()},
+            names={
+                int(code): f"NVML_ERROR_{n}"
+                for n in _CODE_NAMES
+                if (code := getattr(nvml, f"NVML_ERROR_{n}", None)) is not None
+            },
         )
+
+    def failure(
+        self, code: int | None, *, whole_nvml: bool, worked: bool, exception: str = ""
+    ) -> NvmlFailure:
+        """What a failure means: `_MEANING`, else by whether NVML has worked since start.
+
+        A failure without an NVML code (an exception from a broken library, or the agent's own
+        bug) before NVML ever worked is the deployment's too: a bad image must never look like
+        bad hardware; after, it is evidence of nothing.
+        """
+        if code is None:
+            kind = NVML_DEPLOYMENT if whole_nvml and not worked else NVML_UNKNOWN
+            return NvmlFailure(None, exception or "no NVML return code", kind)
+        name = self.names.get(code, f"NVML_ERROR_CODE_{code}")
+        meaning = _MEANING.get(name.removeprefix("NVML_ERROR_"))
+        if meaning == NVML_DEPLOYMENT:
+            kind = NVML_DEPLOYMENT
+        elif whole_nvml:
+            kind = NVML_HARDWARE if worked else NVML_DEPLOYMENT
+        else:
+            kind = meaning or NVML_HARDWARE
+        return NvmlFailure(code, name, kind)
 
 
 @dataclass(slots=True)
@@ -170,6 +286,7 @@ class _Device:
     pci_bus_id: str
     model: str
     enum_error: str | None = None  # identity incomplete: retry enumeration next poll
+    enum_code: int | None = None  # the NVML return code of that failure
     pcie_max: tuple[int | None, int | None] | None = None  # static, read once
     links: tuple[int, ...] | None = None  # existing NVLinks, discovered once
     remote: dict[int, tuple[str | None, str | None]] = field(default_factory=dict)
@@ -203,6 +320,8 @@ def _init_reason(nvml: Any, exc: BaseException) -> str:
         "installed, or the library is not mounted into the container)",
         "DRIVER_NOT_LOADED": "NVIDIA kernel driver is not loaded",
         "NO_PERMISSION": "no permission to open the NVIDIA device files",
+        "OPERATING_SYSTEM": "the NVIDIA control device is blocked by the operating system "
+        "(the container's device cgroup?)",
         "LIB_RM_VERSION_MISMATCH": "NVML library and kernel driver versions differ "
         "(driver updated without a reboot?)",
         "GPU_NOT_FOUND": "NVML found no supported GPU",
@@ -246,6 +365,8 @@ class NvmlGpuSource:
         self._lock = threading.Lock()  # guards _devices/_by_key against the XID thread
         self._initialized = False
         self._init_error: str | None = None
+        self._init_failure: NvmlFailure | None = None
+        self._worked = False  # NVML answered a whole poll since this source was made
         self._next_init = 0.0
         self._driver_version: str | None = None
         self._devices: list[_Device] = []
@@ -315,28 +436,34 @@ class NvmlGpuSource:
             if error != self._internal_error:
                 log.exception("unexpected error reading NVML")
             self._internal_error = error
-            return GpuInventory(available=False, error=error)
+            failure = self._codes.failure(
+                None, whole_nvml=True, worked=self._worked, exception=type(e).__name__
+            )
+            return GpuInventory(available=False, error=error, failure=failure)
 
     def _read(self) -> GpuInventory:
         if not self._initialized and not self._try_init():
-            return GpuInventory(available=False, error=self._init_error)
+            return GpuInventory(available=False, error=self._init_error, failure=self._init_failure)
         try:
             self._enumerate()
             gpus = tuple(self._read_gpu(dev) for dev in list(self._devices))
         except _NvmlGone as e:
-            return self._lost_nvml(str(e))
+            return self._lost_nvml(str(e), e.code)
         except self._error_types as e:
-            if getattr(e, "value", None) in self._codes.nvml_gone:
-                return self._lost_nvml(str(e))
+            code = _code_of(e)
+            if code in self._codes.nvml_gone:
+                return self._lost_nvml(str(e), code)
             return GpuInventory(
                 available=False,
                 error=f"NVML device enumeration failed: {e}",
                 driver_version=self._driver_version,
+                failure=self._codes.failure(code, whole_nvml=True, worked=self._worked),
             )
         if self._lost_error is not None:
             log.info("NVML working again after: %s", self._lost_error)
             self._lost_error = None
         self._internal_error = None
+        self._worked = True
         return GpuInventory(
             available=True,
             driver_version=self._driver_version,
@@ -352,17 +479,26 @@ class NvmlGpuSource:
             self._nvml.nvmlInit()
         except Exception as e:  # NVMLError, or anything a broken install throws
             reason = _init_reason(self._nvml, e)
+            failure = self._codes.failure(
+                _code_of(e), whole_nvml=True, worked=self._worked, exception=type(e).__name__
+            )
             if reason != self._init_error:
                 log.warning(
-                    "NVML unavailable: %s (retrying every %.0f s)", reason, self._init_retry
+                    "NVML unavailable: %s [%s, a %s fault] (retrying every %.0f s)",
+                    reason,
+                    failure.name,
+                    failure.kind,
+                    self._init_retry,
                 )
             self._init_error = reason
+            self._init_failure = failure
             self._next_init = now + self._init_retry
             return False
         if self._init_error is not None:
             log.info("NVML initialised after earlier failure (%s)", self._init_error)
         self._initialized = True
         self._init_error = None
+        self._init_failure = None
         self._driver_version = self._read_driver_version()
         return True
 
@@ -373,7 +509,7 @@ class NvmlGpuSource:
             log.warning("cannot read driver version: %s", e)
             return None
 
-    def _lost_nvml(self, reason: str) -> GpuInventory:
+    def _lost_nvml(self, reason: str, code: int | None) -> GpuInventory:
         """NVML broke under us: drop all state and re-initialise on the normal schedule."""
         error = f"NVML stopped working: {reason}"
         if error != self._lost_error:
@@ -383,7 +519,8 @@ class NvmlGpuSource:
             self._forget_devices()
             self._initialized = False
         self._next_init = self._clock()
-        return GpuInventory(available=False, error=error)
+        failure = self._codes.failure(code, whole_nvml=True, worked=self._worked)
+        return GpuInventory(available=False, error=error, failure=failure)
 
     def _drain_xids(self) -> tuple[XidEvent, ...]:
         events = []
@@ -432,7 +569,9 @@ class NvmlGpuSource:
         except self._error_types as e:
             self._check_nvml(e)
             key = _handle_key(handle) if handle is not None else -1 - index
-            return _Device(index, handle, key, uuid, bus_id, model, enum_error=str(e))
+            return _Device(
+                index, handle, key, uuid, bus_id, model, enum_error=str(e), enum_code=_code_of(e)
+            )
         self._identity[index] = (uuid, bus_id, model)
         return _Device(index, handle, _handle_key(handle), uuid, bus_id, model)
 
@@ -449,8 +588,9 @@ class NvmlGpuSource:
         self._ready.clear()
 
     def _check_nvml(self, exc: BaseException) -> None:
-        if getattr(exc, "value", None) in self._codes.nvml_gone:
-            raise _NvmlGone(str(exc)) from exc
+        code = _code_of(exc)
+        if code in self._codes.nvml_gone:
+            raise _NvmlGone(str(exc), code) from exc
 
     # ----- one GPU ---------------------------------------------------------------------------
 
@@ -469,7 +609,7 @@ class NvmlGpuSource:
                 dev.unsupported.add(name)
                 log.debug("GPU %d: %s not supported (%s)", dev.index, name, e)
             elif code in self._codes.gpu_down:
-                raise _GpuDown(f"{name}: {e}") from e
+                raise _GpuDown(f"{name}: {e}", _code_of(e)) from e
             else:
                 self._check_nvml(e)
                 self._errors.append(f"{name}: {e}")
@@ -481,21 +621,29 @@ class NvmlGpuSource:
 
     def _read_gpu(self, dev: _Device) -> GpuReading:
         if dev.handle is None:
-            return self._down_reading(dev, dev.enum_error or "GPU handle unavailable")
+            error = dev.enum_error or "GPU handle unavailable"
+            return self._down_reading(dev, error, dev.enum_code)
         self._errors = []
         try:
             reading = self._read_up(dev)
         except _GpuDown as e:
-            return self._down_reading(dev, str(e))
+            return self._down_reading(dev, str(e), e.code)
         if dev.index in self._down:
             log.info("GPU %d (%s) readable again", dev.index, dev.uuid)
             del self._down[dev.index]
         return reading
 
-    def _down_reading(self, dev: _Device, error: str) -> GpuReading:
+    def _down_reading(self, dev: _Device, error: str, code: int | None) -> GpuReading:
+        failure = self._codes.failure(code, whole_nvml=False, worked=self._worked)
         if self._down.get(dev.index) != error:
             log.warning(
-                "GPU %d (%s, %s) cannot be read: %s", dev.index, dev.uuid, dev.pci_bus_id, error
+                "GPU %d (%s, %s) cannot be read: %s [%s, a %s fault]",
+                dev.index,
+                dev.uuid,
+                dev.pci_bus_id,
+                error,
+                failure.name,
+                failure.kind,
             )
             self._down[dev.index] = error
         return GpuReading(
@@ -505,6 +653,7 @@ class NvmlGpuSource:
             model=dev.model,
             up=False,
             error=error,
+            failure=failure,
         )
 
     def _read_up(self, dev: _Device) -> GpuReading:
@@ -577,7 +726,7 @@ class NvmlGpuSource:
             code = getattr(e, "value", None)
             if code in self._codes.gpu_down:
                 dev.links = None
-                raise _GpuDown(f"nvlink discovery: {e}") from e
+                raise _GpuDown(f"nvlink discovery: {e}", code) from e
             self._check_nvml(e)
             return False
         return True
@@ -614,7 +763,7 @@ class NvmlGpuSource:
                 dev.dead_fields.add(slot_id)
                 dev.request = None
             elif ret in codes.gpu_down:
-                raise _GpuDown(f"field values: {self._nvml.NVMLError(ret)}")
+                raise _GpuDown(f"field values: {self._nvml.NVMLError(ret)}", int(ret))
             else:
                 self._errors.append(f"field {slot_id[0]}/{slot_id[1]}: {self._nvml.NVMLError(ret)}")
         return out

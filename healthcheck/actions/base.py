@@ -8,6 +8,10 @@ from typing import Any, Protocol
 
 from healthcheck.state import Action
 
+# What a provider that does not say otherwise can carry out. No node API here resets one GPU;
+# a reboot resets every GPU on the node, so it stands in for a reset (`executable`).
+DEFAULT_ACTIONS: frozenset[str] = frozenset({"reboot", "replace"})
+
 
 @dataclass(frozen=True, slots=True)
 class ActionRequest:
@@ -30,6 +34,22 @@ class Provider(Protocol):
     def execute(self, requests: Sequence[ActionRequest]) -> list[ActionResult]:
         """One result per request, in any order; per-node failures are results, not raises."""
         ...
+
+
+def provider_actions(provider: Provider) -> frozenset[str]:
+    """The actions a provider carries out as asked (its `actions`, else reboot and replace)."""
+    declared = getattr(provider, "actions", None)
+    return frozenset(declared) if isinstance(declared, frozenset | set) else DEFAULT_ACTIONS
+
+
+def executable(action: Action, provider: Provider) -> Action | None:
+    """What `provider` does for `action`: itself, a reboot for a GPU reset, or None (cannot)."""
+    can = provider_actions(provider)
+    if action in can:
+        return action
+    if action == "reset" and "reboot" in can:
+        return "reboot"
+    return None
 
 
 def failed_all(requests: Sequence[ActionRequest], detail: str) -> list[ActionResult]:

@@ -17,6 +17,8 @@ MERGE_PATCH = "application/merge-patch+json"
 
 class HyperPodLabeler:
     name = "hyperpod"
+    # HyperPod's label knows no GPU reset.
+    actions: frozenset[str] = frozenset({"reboot", "replace"})
 
     def __init__(self, core_v1: Any) -> None:
         self.core_v1 = core_v1  # kubernetes.client.CoreV1Api

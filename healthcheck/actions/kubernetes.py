@@ -18,6 +18,8 @@ CONFLICT_RETRIES = 3
 
 class Cordoner:
     name = "kubernetes"
+    # Cordons for any action; the taint's value names it.
+    actions: frozenset[str] = frozenset({"reset", "reboot", "replace"})
 
     def __init__(self, core_v1: Any) -> None:
         self.core_v1 = core_v1  # kubernetes.client.CoreV1Api

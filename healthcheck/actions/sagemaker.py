@@ -39,6 +39,8 @@ def instance_id_of(node: dict[str, Any], name: str) -> str | None:
 
 class SageMakerNodes:
     name = "sagemaker-api"
+    # The API knows no GPU reset.
+    actions: frozenset[str] = frozenset({"reboot", "replace"})
 
     def __init__(
         self,

@@ -16,6 +16,8 @@ REASON = {"reboot": "Action:Reboot", "replace": "Action:Replace"}
 
 class SlurmNodes:
     name = "slurm"
+    # HyperPod's Slurm reasons know no GPU reset.
+    actions: frozenset[str] = frozenset({"reboot", "replace"})
 
     def __init__(
         self,

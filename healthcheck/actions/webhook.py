@@ -15,6 +15,8 @@ from healthcheck.actions.base import ActionRequest, ActionResult
 
 class WebhookNotifier:
     name = "webhook"
+    # Passes the action on as asked.
+    actions: frozenset[str] = frozenset({"reset", "reboot", "replace"})
 
     def __init__(
         self, url: str, timeout_s: float = 5.0, headers: Mapping[str, str] | None = None

@@ -1,7 +1,9 @@
 """XIDs by NVIDIA's catalog: what the driver's immediate-action bucket asks for, per GPU.
 
 RESET_GPU, RESTART_BM and the XID 48 / NVLink workflows need at least a GPU reset, which on a
-managed node means a reboot; 79 (fallen off the bus) needs the instance replaced. Application
+managed node means a reboot. 79 (fallen off the bus) is RESTART_BM in NVIDIA's catalog: a
+reboot first, as NVIDIA's own ladder climbs (drain, reset, restart, service); the remediation
+policy's ladder replaces the node when it falls off again (healthcheck/policy.py). Application
 XIDs recommend nothing alone and escalate only when they repeat on one GPU under different jobs
 (see xid_memory). Buckets that ask for a human (report the issue, check mechanicals, update
 software) are reported as warnings: rebooting would not fix them.
@@ -37,7 +39,7 @@ def verdict(xid: int, app_xids: frozenset[int]) -> tuple[str, str]:
     """(severity, action) for one XID on its own."""
     info = describe(xid)
     if xid == FALLEN_OFF_THE_BUS:
-        return "fatal", "replace"
+        return "fatal", "reboot"  # the GPU is gone until then, whatever the catalog's severity
     if xid in app_xids or info.action in QUIET_BUCKETS:
         return "info", "none"
     if info.action in REBOOT_BUCKETS:

@@ -15,8 +15,16 @@ NOT_SUPPORTED (A100 and later remap rows instead), and on Blackwell the per-link
 fields (161-163) are NOT_SUPPORTED, as NVML 565+ removed them there.
 
 Faults (exporter.sim.faults) act as the hardware would show them through NVML; `inject` and
-`clear` change them at run time. `calls` counts every simulated function by name, and
-`field_requests` every requested field id, so tests can assert what the source asked for.
+`clear` change them at run time. They fail the way the real library does, with the same
+`NVMLError` codes: `nvml-library-missing` and `nvml-no-permission` make `nvmlInit` raise
+LIBRARY_NOT_FOUND (what pynvml raises when libnvidia-ml.so.1 cannot be loaded) and NO_PERMISSION
+(nvml.h: "if NVML does not have permission to talk to the driver"); a library already loaded and
+device files already open stay usable, so injected at run time they bite at the next init.
+`gpu-lost`, `gpu-reset-required` and `nvml-timeout` fail every call on their GPU with
+GPU_IS_LOST, RESET_REQUIRED and TIMEOUT (field-value batches per slot, as the driver does).
+
+`calls` counts every simulated function by name, and `field_requests` every requested field
+id, so tests can assert what the source asked for.
 """
 
 from __future__ import annotations
@@ -279,9 +287,10 @@ class SimulatedNvml:
         """Count the call and find its GPU, failing it as a fault or the profile says."""
         self._count(name)
         gpu = self._resolve(handle)
-        if self._has("gpu-lost", gpu.index):
-            raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
-        if gpu.index in self.timeout_gpus:
+        down = self._down_code(gpu.index)
+        if down is not None:
+            raise _error(down)
+        if self._timing_out(gpu.index):
             raise _error(pynvml.NVML_ERROR_TIMEOUT)
         if name in self._unsupported:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -296,6 +305,26 @@ class SimulatedNvml:
 
     def _has(self, kind: str, gpu: int) -> bool:
         return bool(self._faults) and self._since(kind, gpu) is not None
+
+    def _down_code(self, gpu: int) -> int | None:
+        """The code every call on a lost GPU, or one needing a reset, fails with."""
+        if self._has("gpu-lost", gpu):
+            return int(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if self._has("gpu-reset-required", gpu):
+            return int(pynvml.NVML_ERROR_RESET_REQUIRED)
+        return None
+
+    def _timing_out(self, gpu: int) -> bool:
+        return gpu in self.timeout_gpus or self._has("nvml-timeout", gpu)
+
+    def _init_fault_code(self) -> int | None:
+        """The code nvmlInit fails with while a deployment fault is active."""
+        for fault in self._faults:
+            if fault.kind == "nvml-library-missing":
+                return int(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+            if fault.kind == "nvml-no-permission":
+                return int(pynvml.NVML_ERROR_NO_PERMISSION)
+        return None
 
     def _activity(self, gpu: _SimGpu, now: float) -> float:
         """Mean activity over the last second, as NVML's sampled readings average it."""
@@ -337,6 +366,9 @@ class SimulatedNvml:
             self.calls["nvmlInit"] += 1
         if self.init_error is not None:
             raise _error(self.init_error)
+        code = self._init_fault_code() if self._faults else None
+        if code is not None:
+            raise _error(code)
         with self._lock:
             self._initialized += 1
 
@@ -586,14 +618,15 @@ class SimulatedNvml:
 
     def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any]) -> Any:
         """Like pynvml: ids or (id, scopeId) pairs in, a c_nvmlFieldValue_t array out, each
-        value with its own nvmlReturn. A lost GPU answers GPU_IS_LOST in every slot."""
+        value with its own nvmlReturn. A lost GPU answers GPU_IS_LOST in every slot (one that
+        needs a reset, RESET_REQUIRED)."""
         self._count("nvmlDeviceGetFieldValues")
         gpu = self._resolve(handle)
-        if gpu.index in self.timeout_gpus:
+        if self._timing_out(gpu.index):
             raise _error(pynvml.NVML_ERROR_TIMEOUT)
         values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
         plain = (_PlainFieldValue * len(fieldIds)).from_buffer(values)
-        lost = self._has("gpu-lost", gpu.index)
+        lost = self._down_code(gpu.index)
         now = self._now()
         done = gpu.wave.integral(now)
         stamp = int(time.time() * 1e6)
@@ -604,8 +637,8 @@ class SimulatedNvml:
                 slot.fieldId = field_id
             self.field_requests[slot.fieldId] += 1
             slot.timestamp = stamp
-            if lost:
-                slot.nvmlReturn = pynvml.NVML_ERROR_GPU_IS_LOST
+            if lost is not None:
+                slot.nvmlReturn = lost
                 continue
             self._fill_field(gpu, slot, now, done)
         return values
@@ -707,8 +740,11 @@ class SimulatedNvml:
         if first is None or second is None or first[0] != second[0]:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu = self._gpus[first[0]]
-        if self._has("gpu-lost", gpu.index):
-            raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        down = self._down_code(gpu.index)
+        if down is not None:
+            raise _error(down)
+        if self._timing_out(gpu.index):
+            raise _error(pynvml.NVML_ERROR_TIMEOUT)
         activity = gpu.wave.mean(first[1], second[1])
         for i in range(metricsGet.numMetrics):
             metric = metricsGet.metrics[i]

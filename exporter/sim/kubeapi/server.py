@@ -17,7 +17,9 @@ concepts, "efficient detection of changes"):
   ERROR event with a 410 Expired Status for a resourceVersion older than the history;
 - label and field selectors on lists and watches (objects leaving a watched selector
   arrive as DELETED, objects entering it as ADDED);
-- Kueue objects stored in v1beta2 and served, or written, at v1beta1 by conversion.
+- Kueue objects stored in v1beta2 and served, or written, at v1beta1 by conversion;
+- metadata.managedFields kept per field manager for every create, update and patch
+  (exporter.sim.kubeapi.managedfields).
 
 Every resource request is also kept in a bounded log (`FakeApiServer.exchanges`): what was
 asked (verb, resource, query) and what was served (status, a list's resourceVersion and
@@ -51,6 +53,7 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
+from exporter.sim.kubeapi import managedfields
 from exporter.sim.kubeapi.patch import PatchError, json_patch, merge_patch
 from exporter.sim.kubeapi.selectors import (
     FieldSelector,
@@ -518,13 +521,15 @@ class FakeApiServer:
             entry = self._existing(target)
             handler.send_body(200, entry.encoded(target.version))
         elif verb == "CREATE":
-            entry = self._create(target, _json_body(body))
+            manager = managedfields.manager_of(query, handler.headers.get("User-Agent", ""))
+            entry = self._create(target, _json_body(body), manager)
             handler.send_body(201, entry.encoded(target.version))
         elif verb in ("UPDATE", "PATCH"):
             patch = _json_body(body, allow_list=True) if verb == "PATCH" else None
             content_type = handler.headers.get("Content-Type", "")
+            manager = managedfields.manager_of(query, handler.headers.get("User-Agent", ""))
             entry, _ = self._update(
-                target, _json_body(body) if patch is None else None, patch, content_type
+                target, _json_body(body) if patch is None else None, patch, content_type, manager
             )
             handler.send_body(200, entry.encoded(target.version))
         elif verb == "DELETE":
@@ -958,7 +963,7 @@ class FakeApiServer:
             obj = kueue_convert.convert(obj, resource.version)
         return obj
 
-    def _create(self, target: _Target, body: Obj) -> StoredEntry:
+    def _create(self, target: _Target, body: Obj, manager: str = "unknown") -> StoredEntry:
         resource = target.resource
         obj = self._incoming(target, body)
         meta = obj["metadata"] = dict(obj["metadata"])
@@ -979,6 +984,7 @@ class FakeApiServer:
             meta.pop(server_field, None)
         if resource.plural in _STATUS_SUBRESOURCE:
             obj.pop("status", None)
+        obj = managedfields.track(None, obj, manager, None, self.store.timestamp())
         try:
             stored = self.store.prepare(resource, obj)
         except ValueError as error:
@@ -1002,7 +1008,12 @@ class FakeApiServer:
         return entry
 
     def _update(
-        self, target: _Target, body: Obj | None, patch: Any, content_type: str
+        self,
+        target: _Target,
+        body: Obj | None,
+        patch: Any,
+        content_type: str,
+        manager: str = "unknown",
     ) -> tuple[StoredEntry, bool]:
         resource = target.resource
         assert target.name is not None
@@ -1050,7 +1061,11 @@ class FakeApiServer:
                 raise _ApiError(400, "the name of the object does not match the name on the URL")
             if expected_rv and expected_rv != current.meta.get("resourceVersion"):
                 raise ConflictError
-            return _merge_update(current, incoming, target.subresource)
+            new = _merge_update(current, incoming, target.subresource)
+            if new is None:
+                return None
+            now = self.store.timestamp()
+            return managedfields.track(current.obj, new, manager, target.subresource, now)
 
         try:
             return self.store.write(resource, key, build)
