@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exporter.cluster.quota.cli import add_quota_parser
+from exporter.cluster.quota.args import add_quota_parser
 from exporter.node.agent import NodeAgent
 from exporter.node.poller import COMPAT_MODES, NodeSources, Poller
 from exporter.node.serving import serve

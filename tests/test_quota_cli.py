@@ -20,6 +20,7 @@ from botocore.validate import validate_parameters
 
 from exporter.cluster.quota import cli as quota_cli
 from exporter.cluster.quota.advisor import Recommendation
+from exporter.cluster.quota.args import add_quota_parser
 from exporter.cluster.quota.emit import update_input_shape
 from exporter.cluster.quota.views import recommendations_view
 from exporter.mergepatch import merge_patch
@@ -100,7 +101,7 @@ def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """The command as `topowatch` runs it, through the parser the integrator adds."""
     parser = argparse.ArgumentParser(prog="topowatch")
-    quota_cli.add_quota_parser(parser.add_subparsers(dest="command", required=True))
+    add_quota_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     code = int(args.func(args))
     captured = capsys.readouterr()
