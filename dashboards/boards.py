@@ -292,9 +292,16 @@ def node_hardware() -> db.Dashboard:
         .with_panel(
             grid(
                 "XIDs",
-                "XID errors since the agent started, with the catalogue's name and action.",
+                "XID errors since the agent started, with the catalogue's name and action; minutes"
+                " since the last of each and the pod that held the GPU then (not necessarily the"
+                " pod holding it now).",
                 query(
                     f"sum by (gpu, xid, name, action) (topowatch_xid_errors_total{{{g}}})",
+                    instant=True,
+                ),
+                query(
+                    "(time() - max by (gpu, xid, name, action, namespace, pod)"
+                    f" (topowatch_xid_last_event_timestamp_seconds{{{g}}})) / 60",
                     instant=True,
                 ),
             )

@@ -205,10 +205,15 @@ class GpuInventory:
 
 @dataclass(frozen=True, slots=True)
 class XidCount:
+    """Events of one XID on one GPU since the agent started, with the time of the last one and
+    the pod that held the GPU then (empty namespace/pod/container: none, or none known)."""
+
     gpu_index: int
     uuid: str
     xid: int
     count: int
+    last_timestamp: float = 0.0
+    last_holder: PodRef | None = None
 
 
 @dataclass(frozen=True, slots=True)

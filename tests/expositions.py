@@ -208,14 +208,32 @@ def _with_finding(node: dict[str, Any], now: float) -> dict[str, Any]:
     return {**node, "metadata": meta}
 
 
+def deployment_fault_exposition(node_name: str) -> bytes:
+    """A p5 node whose agent may not open the GPUs' device files (nvml-no-permission)."""
+    sim = SimulatedNode(get_profile("p5.48xlarge"), parse_faults(["nvml-no-permission"]))
+    sources = sim.sources()
+    now = [START]
+    try:
+        poller = Poller(node_name, sources, clock=lambda: now[0], health=HealthMonitor())
+        text = b""
+        for _ in range(NODE_POLLS):
+            now[0] += 5.0
+            text = poller.poll()[1].text
+        return text
+    finally:
+        sources.close()
+        sim.close()
+
+
 @functools.cache
 def expositions() -> dict[str, bytes]:
-    """Source name ("node/<profile>", "cluster") -> its text exposition."""
+    """Source name ("node/<profile>", "node/deployment-fault", "cluster") -> its exposition."""
     world = simulated_world()
     out = {
         f"node/{profile}": node_exposition(profile, world.node_name(profile))
         for profile in PROFILES
     }
+    out["node/deployment-fault"] = deployment_fault_exposition("hyperpod-i-0ffffffffffffffff")
     out["cluster"] = world.service.metrics_body(openmetrics=False)
     return out
 

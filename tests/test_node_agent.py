@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.snapshot import PodRef
+from exporter.sources.interfaces import PodResourcesSource
 from exporter.sources.sysfs import EFA_DEVICE_COUNTERS, EFA_PORT_COUNTERS
 from tests.conftest import SimHarness, promtool_lint, reference
 
@@ -266,6 +268,69 @@ def test_xid_counts_every_event_with_catalog_name_and_action(sim: Sim) -> None:
     h.node.inject(parse_fault("xid=79@gpu3"))  # the same XID again must be an increase
     _, exposition = h.poll()
     assert one(series(exposition.text), "topowatch_xid_errors_total", **labels) == 2
+
+
+class Handover:
+    """The simulation's pod assignments, with GPUs handed to other pods on demand."""
+
+    def __init__(self, inner: PodResourcesSource) -> None:
+        self.inner = inner
+        self.moved: dict[str, PodRef] = {}
+
+    def gpu_assignments(self) -> Mapping[str, PodRef]:
+        return {**self.inner.gpu_assignments(), **self.moved}
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_xid_series_are_keyed_on_the_gpu_and_name_the_pod_that_held_it_then(sim: Sim) -> None:
+    """A pod taking the GPU over after an XID changes no XID series (an alert would take a new
+    series for a new XID); the event's time and holder change with the next XID only."""
+    from exporter.sim.faults import parse_fault
+
+    h = sim("p5.48xlarge", "xid=79@gpu3")
+    assert h.sources.pods is not None
+    pods = Handover(h.sources.pods)
+    h.sources.pods = pods
+    h.poll()
+    _, exposition = h.poll()
+    found = series(exposition.text)
+    ((gpu3, _),) = [(lab, v) for lab, v in found["topowatch_gpu_up"] if lab["gpu"] == "3"]
+    held_then = (gpu3["namespace"], gpu3["pod"], gpu3["container"])
+    assert held_then == ("hyperpod-ns-research", "llama-pretrain-worker-0", "pytorch")
+    hardware = {k: gpu3[k] for k in ("node", "gpu", "uuid", "pci_bus_id", "model")}
+    code = {
+        "xid": "79",
+        "name": "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS",
+        "action": "RESTART_BM",
+    }
+    ((counter, count),) = found["topowatch_xid_errors_total"]
+    assert (counter, count) == ({**hardware, **code}, 1)  # no pod labels at all
+    ((event, at),) = found["topowatch_xid_last_event_timestamp_seconds"]
+    holder = dict(zip(("namespace", "pod", "container"), held_then, strict=True))
+    assert event == {**hardware, **holder, **code}
+
+    evaluator = PodRef("hyperpod-ns-llm", "eval-0", "eval")
+    pods.moved[gpu3["uuid"]] = evaluator
+    _, exposition = h.poll()
+    found = series(exposition.text)
+    assert one(found, "topowatch_gpu_up", gpu="3", pod="eval-0") == 1  # the GPU changed hands
+    assert found["topowatch_xid_errors_total"] == [({**hardware, **code}, 1)]
+    assert found["topowatch_xid_last_event_timestamp_seconds"] == [(event, at)]
+
+    h.node.inject(parse_fault("xid=79@gpu3"))  # the same XID again, under the new holder
+    for _ in range(20):
+        _, exposition = h.poll()
+        found = series(exposition.text)
+        if found["topowatch_xid_errors_total"] == [({**hardware, **code}, 2)]:
+            break
+    else:
+        pytest.fail("the second XID never arrived")
+    ((event, later),) = found["topowatch_xid_last_event_timestamp_seconds"]
+    held_now = {"namespace": "hyperpod-ns-llm", "pod": "eval-0", "container": "eval"}
+    assert event == {**hardware, **held_now, **code}
+    assert later > at
 
 
 def test_hardware_faults_show_in_their_series(sim: Sim) -> None:

@@ -3,7 +3,8 @@
 The Debian `prometheus` binary scrapes two simulated node agents (one per hardware profile,
 with faults injected) and the cluster service over the simulated cluster, every second; once
 samples arrive, each panel query (Grafana variables filled in with real values) must return
-data, or be listed in EXPECTED_EMPTY with the reason it is empty here.
+data, or be listed in EXPECTED_EMPTY with the reason it is empty here. It evaluates the alert
+rules too, so an alert can be checked against what the real agents expose.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tests.expositions import PROFILES, SPREAD_JOB, FaultyNode, simulated_world
 from tests.test_dashboards import DEFAULTS, load, panel_queries, substitute
 
 pytestmark = pytest.mark.real_component
+RULES = Path(__file__).resolve().parents[1] / "rules" / "topowatch-alerts.yaml"
 
 # "dashboard: panel [refId]" -> why it has no data against this simulation
 EXPECTED_EMPTY = {
@@ -103,6 +105,7 @@ class ServedNode:
 def write_config(directory: Path, nodes: list[str], cluster: str) -> Path:
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        "rule_files": [str(RULES)],
         "scrape_configs": [
             {"job_name": "topowatch-node", "static_configs": [{"targets": nodes}]},
             {"job_name": "topowatch-cluster", "static_configs": [{"targets": [cluster]}]},
@@ -230,6 +233,28 @@ def test_injected_faults_show_on_the_dashboards_as_an_operator_would_see_them(
     assert [s["value"][1] for s in requesting] == ["1"]
     unmet = prometheus.query("topowatch_workload_topology_satisfied == 0")
     assert [s["metric"]["workload"].startswith(f"job-{SPREAD_JOB}-") for s in unmet] == [True]
+
+
+def test_the_xid_alert_is_keyed_on_the_gpu_and_names_the_pod_that_held_it(
+    stack: tuple[Prometheus, str],
+) -> None:
+    """Each simulated node had XID 79 on GPU 3: one alert per (node, gpu, xid), without the
+    scrape's job/instance, naming the pod that held the GPU at the XID (here: still holds it)."""
+    prometheus, node = stack
+    firing = 'ALERTS{alertname="TopowatchXidNodeRestartRequired",alertstate="firing"}'
+    prometheus.wait_for(firing, 10, "the XID 79 alert")
+    alerts = [a["metric"] for a in prometheus.query(firing)]
+    keys = sorted((a["node"], a["gpu"], a["xid"]) for a in alerts)
+    assert keys == sorted((n, "3", "79") for n in {a["node"] for a in alerts})
+    assert len(keys) == len(PROFILES)
+    (mine,) = [a for a in alerts if a["node"] == node]
+    assert "instance" not in mine and "job" not in mine
+    (holder,) = prometheus.query(f'topowatch_gpu_up{{node="{node}",gpu="3"}}')
+    assert mine["pod"] and mine["pod"] == holder["metric"]["pod"]
+    assert (mine["namespace"], mine["container"]) == (
+        holder["metric"]["namespace"],
+        holder["metric"]["container"],
+    )
 
 
 def test_the_demo_prometheus_scrapes_what_it_is_given_and_cleans_up(tmp_path: Path) -> None:

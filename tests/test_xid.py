@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 
 from exporter.node.xid import XidLedger, catalog, describe
-from exporter.snapshot import XidEvent
+from exporter.snapshot import PodRef, XidEvent
 from tests.conftest import reference
 
 
@@ -17,6 +17,30 @@ def test_repeated_xid_is_a_counter_increase_and_last_is_kept() -> None:
     counts = {(c.gpu_index, c.xid): c.count for c in totals.counts}
     assert counts == {(3, 79): 2, (3, 13): 1}
     assert [(lx.xid, lx.timestamp) for lx in totals.last] == [(79, 105.0)]
+
+
+def test_ledger_remembers_who_held_the_gpu_at_the_last_event_of_each_xid() -> None:
+    """The holder changes with a new event of that XID only, never with the pod holding the GPU
+    later; a late (older) event does not overwrite it."""
+    trainer = PodRef("ns-a", "trainer-0", "pytorch")
+    evaluator = PodRef("ns-b", "eval-0", "eval")
+    ledger = XidLedger()
+    ledger.record([XidEvent(3, "GPU-3", 79, 100.0)], {"GPU-3": trainer})
+    ledger.record([], {"GPU-3": evaluator})  # the GPU changes hands: nothing about XIDs changes
+    (c,) = ledger.totals().counts
+    assert (c.count, c.last_timestamp, c.last_holder) == (1, 100.0, trainer)
+
+    ledger.record(
+        [XidEvent(3, "GPU-3", 79, 200.0), XidEvent(3, "GPU-3", 13, 201.0)], {"GPU-3": evaluator}
+    )
+    ledger.record([XidEvent(3, "GPU-3", 79, 150.0)], {"GPU-3": trainer})  # arrived late
+    seen = {c.xid: (c.count, c.last_timestamp, c.last_holder) for c in ledger.totals().counts}
+    assert seen == {79: (3, 200.0, evaluator), 13: (1, 201.0, evaluator)}
+
+    idle = XidLedger()
+    idle.record([XidEvent(7, "GPU-7", 79, 5.0)], {"GPU-3": trainer})  # GPU 7: no pod holds it
+    idle.record([XidEvent(7, "GPU-7", 48, 6.0)])  # pods not read: none known
+    assert {c.last_holder for c in idle.totals().counts} == {PodRef("", "", "")}
 
 
 def test_catalog_matches_reference_actions() -> None:

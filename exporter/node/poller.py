@@ -115,7 +115,6 @@ class Poller:
             self.sources.before_poll(now)
         run: list[CollectorStatus] = []
         gpu = self._collect(run, "gpu", self._read_gpu, GpuInventory(available=False))
-        self._xids.record(gpu.xid_events)
         no_efa: tuple[EfaDeviceReading, ...] = ()
         no_numa: tuple[NumaNodeReading, ...] = ()
         no_affinity: tuple[GpuAffinity, ...] = ()
@@ -131,6 +130,8 @@ class Poller:
         pods: Mapping[str, PodRef] = {}
         if self.sources.pods is not None:
             pods = self._collect(run, "podresources", self.sources.pods.gpu_assignments, {})
+        # After the pods are read: the ledger remembers who held each GPU at its XIDs.
+        self._xids.record(gpu.xid_events, pods)
         labels = self._collect(run, "topology", self.sources.labels.labels, no_labels)
         for reason in self.sources.labels.drain_errors():  # refreshes that failed in between
             self._count("topology", reason)

@@ -3,6 +3,11 @@
 Every series carries `node` so any of them joins to `topowatch_node_topology_info` on `node`.
 Per-GPU series carry gpu, uuid, pci_bus_id, model and the pod holding the GPU (namespace, pod,
 container; empty when none). A value the source could not read has no series at all.
+
+XIDs are the exception, being events rather than readings: `topowatch_xid_errors_total` carries
+the GPU's hardware labels only, so a pod taking the GPU over does not start a new counter series
+(which alerts would take for a new XID), and `topowatch_xid_last_event_timestamp_seconds` names
+the pod that held the GPU at the last event of each XID, not the pod holding it now.
 """
 
 from __future__ import annotations
@@ -266,13 +271,17 @@ def render(snapshot: NodeSnapshot) -> list[Family]:
     return list(fams)
 
 
-def gpu_label_prefix(node: str, g: GpuReading, pod: PodRef) -> str:
-    """The label pairs every per-GPU series carries, rendered once per GPU per poll."""
+def gpu_hardware_labels(node: str, g: GpuReading) -> str:
+    """The label pairs naming the GPU itself, whoever holds it (the XID counter's)."""
     return (
         f'{node},gpu="{g.index}",uuid="{_q(g.uuid)}",pci_bus_id="{_q(g.pci_bus_id)}",'
-        f'model="{_q(g.model)}",namespace="{_q(pod.namespace)}",pod="{_q(pod.pod)}",'
-        f'container="{_q(pod.container)}"'
+        f'model="{_q(g.model)}"'
     )
+
+
+def pod_labels(pod: PodRef) -> str:
+    """namespace, pod and container of a pod holding a GPU (empty values: none)."""
+    return f'namespace="{_q(pod.namespace)}",pod="{_q(pod.pod)}",container="{_q(pod.container)}"'
 
 
 def _render_self(fams: _Families, s: NodeSnapshot, node: str) -> None:
@@ -383,8 +392,11 @@ def _render_gpus(fams: _Families, s: NodeSnapshot, node: str) -> None:
         "NVLink fabric registration state, clique and cluster (GB200 class).",
     )
     prefixes: dict[int, str] = {}
+    hardware: dict[int, str] = {}
     for g in s.gpu.gpus:
-        p = gpu_label_prefix(node, g, s.pods.get(g.uuid, NO_POD))
+        # The labels every per-GPU series carries, rendered once per GPU per poll.
+        hardware[g.index] = gpu_hardware_labels(node, g)
+        p = f"{hardware[g.index]},{pod_labels(s.pods.get(g.uuid, NO_POD))}"
         prefixes[g.index] = p
         base = "{" + p + "}"
         up.add_rendered(base, g.up)
@@ -415,7 +427,7 @@ def _render_gpus(fams: _Families, s: NodeSnapshot, node: str) -> None:
                 1,
             )
     _render_nvlinks(fams, s, node)
-    _render_xid(fams, s, prefixes)
+    _render_xid(fams, s, hardware, prefixes)
     _render_affinity(fams, s, prefixes)
 
 
@@ -445,21 +457,30 @@ def _render_nvlinks(fams: _Families, s: NodeSnapshot, node: str) -> None:
                 )
 
 
-def _render_xid(fams: _Families, s: NodeSnapshot, prefixes: dict[int, str]) -> None:
+def _render_xid(
+    fams: _Families, s: NodeSnapshot, hardware: dict[int, str], prefixes: dict[int, str]
+) -> None:
     total = fams.get(
         "topowatch_xid_errors",
         COUNTER,
         "XID events seen since the agent started, by XID with the catalog's name and"
-        " action bucket.",
+        " action bucket. No pod labels: see topowatch_xid_last_event_timestamp_seconds.",
+    )
+    seen = fams.get(
+        "topowatch_xid_last_event_timestamp_seconds",
+        GAUGE,
+        "Unix time of the last event of this XID on the GPU; namespace, pod and container name"
+        " the pod that held the GPU then, not the one holding it now.",
     )
     for c in s.xid.counts:
-        p = prefixes.get(c.gpu_index)
-        if p is None:
+        hw = hardware.get(c.gpu_index)
+        if hw is None:
             continue
         info = xid_catalog.describe(c.xid)
-        total.add_rendered(
-            f'{{{p},xid="{c.xid}",name="{_q(info.name)}",action="{info.action}"}}', c.count
-        )
+        code = f'xid="{c.xid}",name="{_q(info.name)}",action="{info.action}"'
+        total.add_rendered(f"{{{hw},{code}}}", c.count)
+        holder = pod_labels(c.last_holder or NO_POD)
+        seen.add_rendered(f"{{{hw},{holder},{code}}}", c.last_timestamp)
     last = fams.get("topowatch_gpu_last_xid", GAUGE, "The most recent XID on the GPU.")
     last_ts = fams.get(
         "topowatch_gpu_last_xid_timestamp_seconds",
