@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -83,3 +86,26 @@ def sim(tmp_path: Path) -> Iterator[object]:
     yield make
     for h in made:
         h.close()
+
+
+def executed_lines(func: Callable[[], object]) -> int:
+    """How many Python lines `func` runs, in every function it calls: a measure of its work
+    that, unlike a timing, does not depend on how busy the machine is."""
+    count = 0
+
+    def line(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal count
+        if event == "line":
+            count += 1
+        return line
+
+    def call(frame: FrameType, event: str, arg: object) -> Any:
+        return line
+
+    previous = sys.gettrace()
+    sys.settrace(call)
+    try:
+        func()
+    finally:
+        sys.settrace(previous)
+    return count

@@ -3,15 +3,14 @@ the scheduler counts them, and Event times from both event recorders."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
-from types import FrameType
 from typing import Any
 
 import pytest
 
 from exporter.cluster.parse.core import parse_event, parse_node, parse_pod, parse_time
+from tests.conftest import executed_lines
 
 LAYER1 = "topology.k8s.aws/network-node-layer-1"
 HEALTH = "sagemaker.amazonaws.com/node-health-status"
@@ -263,29 +262,6 @@ def test_junk_is_an_empty_pod(junk: Any) -> None:
     pod = parse_pod(junk, problems)
     assert (pod.name, pod.gpus, pod.holds_gpus) == ("", 0, False)
     assert problems and not any(p.startswith("unexpected") for p in problems)
-
-
-def executed_lines(func: Callable[[], object]) -> int:
-    """How many Python lines `func` runs, in every function it calls: a measure of its work
-    that, unlike a timing, does not depend on how busy the machine is."""
-    count = 0
-
-    def line(frame: FrameType, event: str, arg: object) -> Any:
-        nonlocal count
-        if event == "line":
-            count += 1
-        return line
-
-    def call(frame: FrameType, event: str, arg: object) -> Any:
-        return line
-
-    previous = sys.gettrace()
-    sys.settrace(call)
-    try:
-        func()
-    finally:
-        sys.settrace(previous)
-    return count
 
 
 def test_parsing_a_pod_costs_a_fixed_small_amount_of_work() -> None:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import pytest
@@ -35,7 +33,7 @@ from exporter.cluster.parse.kueue import (
     reason_for_cause,
     topology_request,
 )
-from tests.conftest import reference
+from tests.conftest import executed_lines, reference
 from tests.crds import assert_valid_kueue, kueue_validator
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kueue"
@@ -554,29 +552,6 @@ def test_a_malformed_assignment_costs_the_placement_not_the_workload() -> None:
         "status.admission.podSetAssignments[0].topologyAssignment: slices[0].podCounts.individual"
         " must be a list of domainCount (4) counts",
     )
-
-
-def executed_lines(func: Callable[[], object]) -> int:
-    """How many Python lines `func` runs, in every function it calls: a measure of its work
-    that, unlike a timing, does not depend on how busy the machine is."""
-    count = 0
-
-    def line(frame: FrameType, event: str, arg: object) -> Any:
-        nonlocal count
-        if event == "line":
-            count += 1
-        return line
-
-    def call(frame: FrameType, event: str, arg: object) -> Any:
-        return line
-
-    previous = sys.gettrace()
-    sys.settrace(call)
-    try:
-        func()
-    finally:
-        sys.settrace(previous)
-    return count
 
 
 def test_a_huge_assignment_parses_whole_and_in_linear_time() -> None:
