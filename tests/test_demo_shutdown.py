@@ -9,6 +9,7 @@ exits with status 0 and none of the processes it started is left running.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -25,6 +26,25 @@ pytestmark = pytest.mark.real_component
 
 STARTUP_S = 120.0  # the simulation, 34 agents and the first informer sync, on a loaded machine
 EXIT_HANG_GUARD_S = 20.0  # the demo's own shutdown deadline is a few seconds
+
+
+def free_port_below_ephemeral() -> int:
+    """A port free now and below the kernel's ephemeral range, so no socket bound to port 0
+    (the demo's node agents) can be given it meanwhile."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        candidate = rng.randrange(20000, max(20001, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return candidate
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def free_ports(n: int) -> list[int]:
@@ -91,7 +111,10 @@ def running(process: Process) -> bool:
 def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
     if shutil.which("prometheus") is None:
         pytest.fail("prometheus missing: run scripts/bootstrap.sh (Debian package prometheus)")
-    port, prometheus_port = free_ports(2)
+    # Prometheus's port is chosen outside the kernel's ephemeral range: one picked inside it
+    # could be taken by one of the 34 node agents' own ephemeral ports before Prometheus binds.
+    (port,) = free_ports(1)
+    prometheus_port = free_port_below_ephemeral()
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
     with stdout.open("wb") as out, stderr.open("wb") as err:
         proc = subprocess.Popen(
