@@ -21,6 +21,7 @@ from healthcheck.config import ConfigError, HealthConfig, load_config
 from healthcheck.monitor import HealthMonitor
 
 if TYPE_CHECKING:
+    from exporter.sources.custom_checks import CustomCheckRunner
     from healthcheck.reporter import NodeReporter
 
 log = logging.getLogger("topowatch")
@@ -189,6 +190,29 @@ def add_cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         metavar="FILE",
         help="bearer token for POST /api/v1/alerts and /api/v1/remediation/reset",
     )
+    cluster.add_argument(
+        "--ec2-events",
+        action="store_true",
+        help="poll EC2 DescribeInstanceStatus for scheduled events (reboot, maintenance, "
+        "retirement): those nodes' GPUs count as unavailable (needs ec2:DescribeInstanceStatus)",
+    )
+    cluster.add_argument(
+        "--ec2-region", default=None, metavar="REGION", help="default: the AWS SDK's own"
+    )
+    cluster.add_argument(
+        "--ec2-events-interval",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds between scheduled-event polls (default 300)",
+    )
+    cluster.add_argument(
+        "--ec2-events-horizon",
+        type=float,
+        default=48.0,
+        metavar="HOURS",
+        help="an event starting within this many hours makes its node unavailable (default 48)",
+    )
     cluster.set_defaults(func=run_cluster)
 
     explain = sub.add_parser(
@@ -283,6 +307,17 @@ def run_cluster(args: argparse.Namespace) -> int:
             if env is not None:
                 env.stop()
             return 2
+    ec2_events = None
+    if args.ec2_events:
+        from exporter.sources.ec2_events import Ec2EventsSource, ec2_events_client
+
+        try:
+            ec2_events = Ec2EventsSource(ec2_events_client(args.ec2_region))
+        except Exception as exc:  # no region, no credentials configuration
+            print(f"topowatch cluster: --ec2-events: {exc}", file=sys.stderr)
+            if env is not None:
+                env.stop()
+            return 2
     try:
         serve_cluster(
             client,
@@ -291,6 +326,9 @@ def run_cluster(args: argparse.Namespace) -> int:
             workload_cap=args.workload_series_cap,
             controller=controller,
             alerts_token=token,
+            ec2_events=ec2_events,
+            ec2_events_interval_s=max(10.0, args.ec2_events_interval),
+            ec2_events_horizon_s=max(0.0, args.ec2_events_horizon) * 3600.0,
         )
     finally:
         if env is not None:
@@ -371,6 +409,27 @@ def health_monitor(args: argparse.Namespace) -> HealthMonitor | None:
     return HealthMonitor(config)
 
 
+def custom_check_runner(monitor: HealthMonitor | None) -> CustomCheckRunner | None:
+    """The runner of the health config's `custom_checks`, or None when there are none."""
+    if monitor is None or not monitor.config.custom_checks:
+        return None
+    from exporter.sources.custom_checks import CheckSpec, CustomCheckRunner
+
+    specs = [
+        CheckSpec(
+            name=c.name,
+            path=c.path,
+            args=c.args,
+            interval_seconds=c.interval_seconds,
+            timeout_seconds=c.timeout_seconds,
+            max_output_length=c.max_output_length,
+        )
+        for c in monitor.config.custom_checks
+    ]
+    history = max(c.damping.n for c in monitor.config.custom_checks)
+    return CustomCheckRunner(specs, history=history)
+
+
 def wants_node_status(args: argparse.Namespace) -> bool:
     if args.report_node_status is not None:
         return bool(args.report_node_status)
@@ -428,6 +487,8 @@ def run_node(args: argparse.Namespace) -> int:
         return 2
     else:
         sources = real_sources(args, node_name)
+    checks = custom_check_runner(monitor)
+    sources.custom_checks = checks
     poller = Poller(node_name, sources, compat=args.compat, health=monitor)
     reporter = None
     if monitor is not None and wants_node_status(args):
@@ -443,6 +504,8 @@ def run_node(args: argparse.Namespace) -> int:
             # Two polls: GPM ratios and rates need two samples, and XIDs need the event
             # waiter registered, which happens once the first poll has enumerated the GPUs.
             agent.on_snapshot = None
+            if checks is not None:
+                checks.run_all_once()
             agent.poll_once()
             time.sleep(ONCE_SETTLE_SECONDS)
             agent.poll_once()
@@ -452,6 +515,8 @@ def run_node(args: argparse.Namespace) -> int:
             return 0
         if reporter is not None:
             reporter.start()
+        if checks is not None:
+            checks.start()
         snapshot = agent.poll_once()
         if not snapshot.gpu.available:
             log.warning(

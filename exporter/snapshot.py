@@ -79,6 +79,19 @@ class NvLinkReading:
     crc_data_errors: int | None = None
     replay_errors: int | None = None
     recovery_errors: int | None = None
+    # NVLink5 (Blackwell) counters, NVML_FI_DEV_NVLINK_COUNT_* field values; None elsewhere.
+    tx_packets: int | None = None
+    rx_packets: int | None = None
+    malformed_packet_errors: int | None = None
+    buffer_overrun_errors: int | None = None
+    rx_errors: int | None = None
+    rx_remote_errors: int | None = None
+    rx_general_errors: int | None = None
+    local_link_integrity_errors: int | None = None
+    tx_discards: int | None = None
+    link_recovery_successful_events: int | None = None
+    link_recovery_failed_events: int | None = None
+    link_recovery_events: int | None = None
     remote_pci_bus_id: str | None = None
     remote_device_type: str | None = None  # "gpu" | "switch" | "ibmnpu" | "unknown"
 
@@ -108,12 +121,15 @@ class RetiredPages:
 
 @dataclass(frozen=True, slots=True)
 class FabricInfo:
-    """GPU fabric (multi-node NVLink, GB200 class) registration as NVML reports it."""
+    """GPU fabric (NVSwitch / multi-node NVLink: HGX Hopper, GB200) registration as NVML
+    reports it."""
 
     state: str  # "not_supported" | "not_started" | "in_progress" | "completed"
     healthy: bool | None  # None while the state carries no status
     clique_id: int | None = None
     cluster_uuid: str | None = None
+    status: str | None = None  # the probe's nvmlReturn_t name when completed: "NVML_SUCCESS", ...
+    health_mask: int | None = None  # nvmlGpuFabricInfo_v2+ healthMask; None where not offered
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +344,31 @@ class CollectorStatus:
     error: str | None = None
 
 
+# Custom check scripts (exporter/sources/custom_checks.py) follow node-problem-detector's custom
+# plugin protocol: exit 0 OK, 1 NonOK (a problem), anything else Unknown.
+CUSTOM_OK = 0
+CUSTOM_PROBLEM = 1
+CUSTOM_UNKNOWN = 2
+# How a run ended (the `result` label); "skipped": a turn missed while the last run still ran.
+CUSTOM_RESULTS = ("ok", "problem", "unknown", "timeout", "error", "skipped")
+
+
+@dataclass(frozen=True, slots=True)
+class CustomCheckReading:
+    """One configured custom check: its latest finished run and its counters since start."""
+
+    check: str  # the configured name
+    status: int | None = None  # CUSTOM_OK/PROBLEM/UNKNOWN of the latest run; None before one
+    result: str | None = None  # the latest run's entry in CUSTOM_RESULTS (never "skipped")
+    message: str = ""  # the latest run's message (stdout, capped as NPD does)
+    finished_at: float | None = None  # unix seconds
+    recent: tuple[int, ...] = ()  # statuses of the latest runs, oldest first
+    runs: Mapping[str, int] = field(default_factory=dict)  # result -> runs (and skipped turns)
+    duration_buckets: tuple[tuple[float, int], ...] = ()  # cumulative (upper bound, runs)
+    duration_sum: float = 0.0
+    duration_count: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     """One complete poll of a node. Built by the poller, read by render and checks."""
@@ -345,3 +386,4 @@ class NodeSnapshot:
     collector_errors: Mapping[tuple[str, str], int]  # (collector, reason) -> total since start
     last_success: float | None  # when every collector last succeeded together
     rootfs_read_only: bool | None = None
+    custom_checks: tuple[CustomCheckReading, ...] = ()  # one per configured check

@@ -7,14 +7,17 @@ typo in the file is an error naming the key rather than a silently ignored setti
     damping_overrides: {thermal_slowdown: {k: 6, n: 10}}
     xid: {hold_seconds: 3600, app_repeat_jobs: 2}
     nvml: {reset_action: reboot, timeout_action: reboot, timeout_needs_evidence: true}
-    nvlink: {max_errors_per_second: {crc_flit: 10}}
+    nvlink: {max_errors_per_second: {crc_flit: 10, rx: 10}}
+    fabric: {startup_grace_seconds: 300, action: reboot}
     instance_types: {ml.p5.48xlarge: {gpus: 8, efa: 32}}
+    custom_checks: [{name: gpu-burn, path: /opt/checks/burn.sh, args: [-q], action: reboot}]
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +51,23 @@ DEFAULT_INSTANCE_TYPES: Mapping[str, InstanceShape] = MappingProxyType(
     }
 )
 
-NVLINK_COUNTERS = ("crc_flit", "crc_data", "replay", "recovery")
+# Per-link error counters the NVLink check can rate: the DL counters up to Hopper, then NVLink5's
+# NVML_FI_DEV_NVLINK_COUNT_* (Blackwell), where the DL counters are gone.
+NVLINK_COUNTERS = (
+    "crc_flit",
+    "crc_data",
+    "replay",
+    "recovery",
+    "rx",
+    "rx_malformed_packet",
+    "rx_buffer_overrun",
+    "rx_remote",
+    "rx_general",
+    "local_link_integrity",
+    "tx_discards",
+    "link_recovery",
+    "link_recovery_failed",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +122,35 @@ class MemoryConfig:
 class NvlinkConfig:
     max_errors_per_second: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType(
-            {"crc_flit": 10.0, "crc_data": 10.0, "replay": 10.0, "recovery": 0.1}
+            {
+                "crc_flit": 10.0,
+                "crc_data": 10.0,
+                "replay": 10.0,
+                "recovery": 0.1,
+                # NVLink5: packets in error as the CRC counters were, a recovery as a DL
+                # recovery, and any failed recovery. Not rx_remote: a stomped packet is the
+                # remote end's error, arriving on a healthy link.
+                "rx": 10.0,
+                "rx_malformed_packet": 10.0,
+                "rx_buffer_overrun": 10.0,
+                "rx_general": 10.0,
+                "tx_discards": 10.0,
+                "local_link_integrity": 0.1,
+                "link_recovery": 0.1,
+                "link_recovery_failed": 0.0,
+            }
         )
     )
+
+
+@dataclass(frozen=True, slots=True)
+class FabricConfig:
+    # A GPU registers with the fabric (Fabric Manager, NVLink domain) some time after boot: its
+    # fabric is judged only this long after the agent first read the GPU.
+    startup_grace_seconds: float = 300.0
+    # A fabric that did not complete, or completed failed, is repaired by a reboot (the GPU
+    # registers again); NVSwitch trays and cabling are the next rungs of the ladder.
+    action: str = "reboot"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,14 +188,18 @@ class HealthConfig:
     nvml: NvmlConfig = field(default_factory=NvmlConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     nvlink: NvlinkConfig = field(default_factory=NvlinkConfig)
+    fabric: FabricConfig = field(default_factory=FabricConfig)
     pcie: PcieConfig = field(default_factory=PcieConfig)
     thermal: ThermalConfig = field(default_factory=ThermalConfig)
     efa: EfaConfig = field(default_factory=EfaConfig)
     instance_types: Mapping[str, InstanceShape] = field(
         default_factory=lambda: DEFAULT_INSTANCE_TYPES
     )
+    custom_checks: tuple[CustomCheckConfig, ...] = ()  # admins' own scripts (NPD protocol)
 
     def damping_for(self, check: str) -> Damping:
+        if check.startswith(CUSTOM_CHECK_PREFIX):
+            return PER_POLL  # damped over the script's runs by the check (checks/custom.py)
         return self.damping_overrides.get(check, self.damping)
 
     def expected_shape(self, instance_type: str) -> InstanceShape | None:
@@ -160,6 +209,45 @@ class HealthConfig:
         if shape is None and name.startswith("ml."):
             shape = self.instance_types.get(name[3:])
         return shape
+
+
+@dataclass(frozen=True, slots=True)
+class CustomCheckConfig:
+    """One admin script, run as node-problem-detector's custom plugin monitor runs it
+    (exporter/sources/custom_checks.py): exit 0 OK, 1 a problem, anything else unknown.
+
+    A problem asks for `action` once it held in `damping.k` of the script's last `damping.n`
+    runs (not polls: one run's result stands until the next run)."""
+
+    name: str
+    path: str  # absolute; executed directly, never through a shell
+    args: tuple[str, ...] = ()
+    interval_seconds: float = 30.0  # NPD's invoke_interval default
+    timeout_seconds: float = 5.0  # NPD's timeout default
+    action: str = "none"  # what a problem asks for
+    damping: Damping = field(default_factory=Damping)  # default: the top-level `damping`
+    max_output_length: int = 80  # NPD's default: the message is stdout cut at this many bytes
+
+    @property
+    def check_id(self) -> str:
+        """The findings' check id: `custom:NAME` (damping overrides and ladder rules use it)."""
+        return CUSTOM_CHECK_PREFIX + self.name
+
+
+CUSTOM_CHECK_PREFIX = "custom:"
+CUSTOM_OUTPUT_MAX = 4096  # NPD keeps only the first 4 KiB of stdout: no message is longer
+PER_POLL = Damping(k=1, n=1)
+_CUSTOM_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_CUSTOM_KEYS = (
+    "name",
+    "path",
+    "args",
+    "interval_seconds",
+    "timeout_seconds",
+    "action",
+    "damping",
+    "max_output_length",
+)
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -205,20 +293,27 @@ def config_from_mapping(data: object) -> HealthConfig:
                 str(name): _shape(v, f"{key}.{name}") for name, v in table.items()
             }  # extends the defaults: naming one type must not forget the others
             values[key] = MappingProxyType({**base.instance_types, **extra})
-        elif key in ("xid", "nvml", "memory", "nvlink", "pcie", "thermal", "efa"):
+        elif key == "custom_checks":
+            continue  # below: an entry's default damping is the top-level one
+        elif key in ("xid", "nvml", "memory", "nvlink", "fabric", "pcie", "thermal", "efa"):
             values[key] = _dataclass(getattr(base, key), raw, key)
         else:
             raise ConfigError(_unknown(key, "", [f.name for f in dataclasses.fields(base)]))
+    if "custom_checks" in top:
+        default = values.get("damping", base.damping)
+        values["custom_checks"] = _custom_checks(top["custom_checks"], default)
     config = dataclasses.replace(base, **values)
     _validate(config)
     return config
 
 
 def _validate(config: HealthConfig) -> None:
+    _validate_custom(config)
     for name, action in (
         ("thermal.action", config.thermal.action),
         ("nvml.reset_action", config.nvml.reset_action),
         ("nvml.timeout_action", config.nvml.timeout_action),
+        ("fabric.action", config.fabric.action),
     ):
         if action not in ACTIONS:
             raise ConfigError(f"{name} must be one of {', '.join(ACTIONS)}")
@@ -235,6 +330,7 @@ def _validate(config: HealthConfig) -> None:
         "memory.uncorrected_volatile_max": config.memory.uncorrected_volatile_max,
         "memory.retired_pages_max": config.memory.retired_pages_max,
         "thermal.sustain_seconds": config.thermal.sustain_seconds,
+        "fabric.startup_grace_seconds": config.fabric.startup_grace_seconds,
         "efa.remote_errors_per_second": config.efa.remote_errors_per_second,
         **{
             f"nvlink.max_errors_per_second.{k}": v
@@ -319,3 +415,61 @@ def _int(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where} must be an integer")
     return value
+
+
+def _custom_checks(raw: object, damping: Damping) -> tuple[CustomCheckConfig, ...]:
+    """The `custom_checks` list: each entry's keys checked, names unique."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"custom_checks must be a list, got {type(raw).__name__}")
+    out: list[CustomCheckConfig] = []
+    for i, item in enumerate(raw):
+        where = f"custom_checks[{i}]"
+        table = _mapping(item, where)
+        for key in table:
+            if key not in _CUSTOM_KEYS:
+                raise ConfigError(_unknown(key, where, list(_CUSTOM_KEYS)))
+        name, path = table.get("name"), table.get("path")
+        if not isinstance(name, str) or not _CUSTOM_NAME.match(name):
+            raise ConfigError(
+                f"{where}.name must be lower-case letters, digits, '.', '_' or '-' (at most 63)"
+            )
+        where = f"custom_checks.{name}"
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ConfigError(f"{where}.path must be an absolute path (no shell, no PATH search)")
+        args = table.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ConfigError(f"{where}.args must be a list of strings")
+        check = CustomCheckConfig(name=name, path=path, args=tuple(args), damping=damping)
+        values: dict[str, Any] = {}
+        for key in ("interval_seconds", "timeout_seconds", "action", "max_output_length"):
+            if key in table:
+                values[key] = _coerce(getattr(check, key), table[key], f"{where}.{key}")
+        if "damping" in table:
+            values["damping"] = _dataclass(damping, table["damping"], f"{where}.damping")
+        out.append(dataclasses.replace(check, **values))
+    names = [c.name for c in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"custom_checks: names must be unique, repeated: {', '.join(twice)}")
+    return tuple(out)
+
+
+def _validate_custom(config: HealthConfig) -> None:
+    for c in config.custom_checks:
+        where = f"custom_checks.{c.name}"
+        if c.action not in ACTIONS:
+            raise ConfigError(f"{where}.action must be one of {', '.join(ACTIONS)}")
+        for key, value in (
+            ("interval_seconds", c.interval_seconds),
+            ("timeout_seconds", c.timeout_seconds),
+        ):
+            if not value > 0:
+                raise ConfigError(f"{where}.{key} must be positive, got {value}")
+        if not 1 <= c.max_output_length <= CUSTOM_OUTPUT_MAX:
+            raise ConfigError(f"{where}.max_output_length must be 1 to {CUSTOM_OUTPUT_MAX}")
+    custom = sorted(k for k in config.damping_overrides if k.startswith(CUSTOM_CHECK_PREFIX))
+    if custom:
+        raise ConfigError(
+            f"damping_overrides: {', '.join(custom)}: custom checks are damped over their runs;"
+            " set `damping` in their custom_checks entry"
+        )

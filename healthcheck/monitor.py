@@ -63,6 +63,7 @@ class HealthMonitor:
         self._onset: dict[tuple[str, str], float] = {}
         self._known_gpus: frozenset[int] = frozenset()
         self._known_efa: frozenset[str] = frozenset()
+        self._gpu_first_seen: dict[str, float] = {}  # GPU UUID -> first poll that read it up
         self._xids = XidMemory()
         self._failing: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -84,6 +85,7 @@ class HealthMonitor:
             onset=dict(self._onset),
             known_gpus=self._known_gpus,
             known_efa=self._known_efa,
+            gpu_first_seen=self._first_seen_gpus(snapshot, now),
             xids=self._xids,
         )
         run = run_check_families(snapshot, history, self.config, now, self._families)
@@ -198,6 +200,12 @@ class HealthMonitor:
         now = {f.key for f in findings if f.actionable}
         for check, component in sorted(before - now):
             log.info("health: %s on %s cleared", check, component)
+
+    def _first_seen_gpus(self, snapshot: NodeSnapshot, now: float) -> dict[str, float]:
+        for g in snapshot.gpu.gpus:
+            if g.up:
+                self._gpu_first_seen.setdefault(g.uuid, now)
+        return dict(self._gpu_first_seen)
 
     def _remember_inventory(self, snapshot: NodeSnapshot) -> None:
         if snapshot.gpu.available and collector_ok(snapshot, "gpu"):

@@ -29,6 +29,7 @@ ALL_FAULTS = (
     "efa-unresponsive@{efa}",
     "efa-missing@{efa2}",
     "rootfs-ro",
+    "fabric-degraded@gpu1",
 )
 
 
@@ -468,3 +469,56 @@ def test_openmetrics_rendering_of_a_faulty_node_parses(sim: Sim) -> None:
     } <= names
     fabric = series(exposition.text)["topowatch_gpu_fabric_info"]
     assert {lab["state"] for lab, _ in fabric} == {"completed"}
+
+
+NVLINK5_FAMILIES = (
+    "topowatch_nvlink_tx_packets_total",
+    "topowatch_nvlink_rx_packets_total",
+    "topowatch_nvlink_rx_errors_total",
+    "topowatch_nvlink_rx_malformed_packet_errors_total",
+    "topowatch_nvlink_rx_buffer_overrun_errors_total",
+    "topowatch_nvlink_rx_remote_errors_total",
+    "topowatch_nvlink_rx_general_errors_total",
+    "topowatch_nvlink_local_link_integrity_errors_total",
+    "topowatch_nvlink_tx_discards_total",
+    "topowatch_nvlink_link_recoveries_total",
+    "topowatch_nvlink_link_recovery_successes_total",
+    "topowatch_nvlink_link_recovery_failures_total",
+)
+
+
+def test_gb200_exports_nvlink5_counters_and_fabric_status(sim: Sim) -> None:
+    """NVLink5's NVML_FI_DEV_NVLINK_COUNT_* per link, and the fabric probe's status."""
+    h = sim("p6e-gb200.36xlarge", "nvlink-crc@gpu1:link0", "fabric-degraded@gpu2")
+    _, first = h.poll()
+    _, second = h.poll()
+    assert promtool_lint(second.text) == ""
+    a, found = series(first.text), series(second.text)
+    for family in NVLINK5_FAMILIES:
+        rows = found[family]
+        assert len(rows) == 4 * 18, family
+        assert {"node", "gpu", "uuid", "link"} <= set(rows[0][0])
+    name = "topowatch_nvlink_rx_errors_total"
+    assert one(found, name, gpu="1", link="0") > one(a, name, gpu="1", link="0")
+    assert one(found, name, gpu="1", link="1") == 0
+    sent = "topowatch_nvlink_tx_packets_total"
+    assert one(found, sent, gpu="0", link="4") > one(a, sent, gpu="0", link="4")
+    assert "topowatch_nvlink_crc_flit_errors_total" not in found  # gone on Blackwell
+    assert one(found, "topowatch_gpu_fabric_healthy", gpu="2") == 0
+    assert one(found, "topowatch_gpu_fabric_healthy", gpu="0") == 1
+    statuses = {lab["gpu"]: lab["status"] for lab, _ in found["topowatch_gpu_fabric_info"]}
+    assert statuses == {
+        "0": "NVML_SUCCESS",
+        "1": "NVML_SUCCESS",
+        "2": "NVML_ERROR_INSUFFICIENT_RESOURCES",
+        "3": "NVML_SUCCESS",
+    }
+
+
+def test_hopper_exports_no_nvlink5_families(sim: Sim) -> None:
+    h = sim("p5.48xlarge")
+    h.poll()
+    _, exposition = h.poll()
+    found = series(exposition.text)
+    assert not set(NVLINK5_FAMILIES) & set(found)
+    assert len(found["topowatch_nvlink_crc_flit_errors_total"]) == 8 * 18

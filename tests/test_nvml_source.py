@@ -493,3 +493,88 @@ def test_full_read_is_cheap(rig: Callable[..., Rig]) -> None:
     assert steady["nvmlDeviceGetFieldValues"] == gpus  # one batch per GPU, not one per field
     # Today 1 + 19 per GPU + 2 per NVLink (state, data-CRC counter); a little room for growth.
     assert steady.total() <= 1 + gpus * (25 + 2 * links)
+
+
+# ----- NVLink5 counters and fabric health (issue 14, item 4) ---------------------------------
+
+NVLINK5_ATTRIBUTES = (
+    "tx_packets",
+    "rx_packets",
+    "malformed_packet_errors",
+    "buffer_overrun_errors",
+    "rx_errors",
+    "rx_remote_errors",
+    "rx_general_errors",
+    "local_link_integrity_errors",
+    "tx_discards",
+    "link_recovery_successful_events",
+    "link_recovery_failed_events",
+    "link_recovery_events",
+)
+
+
+def test_blackwell_reads_nvlink5_counters_per_link(rig: Callable[..., Rig]) -> None:
+    """NVLink5 counts per link in NVML_FI_DEV_NVLINK_COUNT_* (nvml.h 201-215, scopeId = link):
+    a CRC storm shows as received packets in error, the local error threshold crossed, and
+    link recoveries, on that link only."""
+    r = rig("p6e-gb200.36xlarge", "nvlink-crc@gpu1:link0")
+    first = r.read().gpus[1].nvlinks
+    links = r.read(advance=10.0).gpus[1].nvlinks
+    assert all(getattr(lk, a) is not None for lk in links for a in NVLINK5_ATTRIBUTES)
+    assert (links[0].rx_errors or 0) >= 10_000
+    assert (links[0].link_recovery_events or 0) >= 1
+    assert links[0].link_recovery_events == links[0].link_recovery_successful_events
+    assert (links[0].local_link_integrity_errors or 0) >= 1
+    assert links[0].link_recovery_failed_events == 0 and links[0].rx_remote_errors == 0
+    assert all(lk.rx_errors == 0 and lk.link_recovery_events == 0 for lk in links[1:])
+    assert links[1].tx_packets > first[1].tx_packets  # type: ignore[operator]
+    assert links[1].rx_packets > first[1].rx_packets  # type: ignore[operator]
+    for field_id in (pynvml.NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS, 215, 201):
+        assert r.sim.field_requests[field_id] == 2 * 4 * 18  # one slot per link, every poll
+    assert r.sim.calls["nvmlDeviceGetFieldValues"] == 2 * 4  # still one batch per GPU
+
+
+def test_hopper_has_no_nvlink5_counters_and_stops_asking(rig: Callable[..., Rig]) -> None:
+    r = rig("p5.48xlarge", "nvlink-crc@gpu1:link0")
+    for _ in range(3):
+        inv = r.read(advance=5.0)
+        assert all(g.up and g.error is None for g in inv.gpus)
+    links = inv.gpus[1].nvlinks
+    assert all(getattr(lk, a) is None for lk in links for a in NVLINK5_ATTRIBUTES)
+    assert (links[0].crc_flit_errors or 0) > 0  # the DL counters still carry the storm
+    assert r.sim.field_requests[pynvml.NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS] == 8 * 18  # once
+
+
+def test_fabric_degraded_is_completed_with_a_failed_status(rig: Callable[..., Rig]) -> None:
+    """nvml.h: `status` is the probe's "Error status, if any. Must be checked only if state
+    returns 'complete'"; the v2 healthMask carries the route's health (shift 4)."""
+    assert str(parse_fault("fabric-degraded@gpu2")) == "fabric-degraded@gpu2"
+    gpus = rig("p6e-gb200.36xlarge", "fabric-degraded@gpu2").read().gpus
+    bad = gpus[2].fabric
+    assert bad is not None
+    assert (bad.state, bad.healthy) == ("completed", False)
+    assert bad.status == "NVML_ERROR_INSUFFICIENT_RESOURCES"
+    route = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE
+    assert bad.health_mask == route << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY
+    for gpu in (gpus[0], gpus[1], gpus[3]):
+        assert gpu.fabric is not None
+        assert (gpu.fabric.healthy, gpu.fabric.status, gpu.fabric.health_mask) == (
+            True,
+            "NVML_SUCCESS",
+            0,
+        )
+
+
+def test_fabric_from_the_unversioned_call_has_no_health_mask(rig: Callable[..., Rig]) -> None:
+    r = rig(
+        "p6e-gb200.36xlarge", "fabric-degraded@gpu0", unsupported={"nvmlDeviceGetGpuFabricInfoV"}
+    )
+    r.read()
+    gpus = r.read(advance=5.0).gpus
+    assert gpus[0].fabric is not None and gpus[0].fabric.health_mask is None
+    assert (gpus[0].fabric.healthy, gpus[0].fabric.status) == (
+        False,
+        "NVML_ERROR_INSUFFICIENT_RESOURCES",
+    )
+    assert gpus[1].fabric is not None and gpus[1].fabric.healthy is True
+    assert r.sim.calls["nvmlDeviceGetGpuFabricInfo"] == 2 * 4

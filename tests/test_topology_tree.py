@@ -331,6 +331,7 @@ def test_render_tree_nests_domains_with_their_totals() -> None:
         "allocatable": 8,
         "used": 8,
         "unschedulable": 0,
+        "unavailable": 0,
         "free": 0,
         "children": [],
     }
@@ -373,16 +374,16 @@ def random_labels(rng: random.Random) -> dict[str, str]:
 
 
 def brute_force(
-    nodes: Mapping[str, tuple[dict[str, str], int, bool]], used: Mapping[str, int]
+    nodes: Mapping[str, tuple[dict[str, str], int, bool, bool]], used: Mapping[str, int]
 ) -> tuple[dict[tuple[str, str], DomainUsage], dict[tuple[str, str], set[tuple[str, str]]]]:
     """Every domain's totals and children, recomputed from scratch from the node list."""
     totals: dict[tuple[str, str], list[int]] = {}
     members: dict[tuple[str, str], int] = Counter()
     parents: dict[tuple[str, str], Counter[str]] = {}
     children: dict[tuple[str, str], set[tuple[str, str]]] = {}
-    for name, (node_labels, allocatable, schedulable) in nodes.items():
+    for name, (node_labels, allocatable, schedulable, available) in nodes.items():
         node_used = used.get(name, 0)
-        free = max(0, allocatable - node_used) if schedulable else 0
+        free = max(0, allocatable - node_used) if schedulable and available else 0
         layer_values = [node_labels.get(LAYER_KEY.format(i), "") for i in range(1, 5)]
         deepest = max((i for i, v in enumerate(layer_values) if v), default=-1)
         chain: list[tuple[str, str]] = [
@@ -395,11 +396,12 @@ def brute_force(
         if node_labels.get(US_KEY):
             keys.append(("ultraserver", node_labels[US_KEY]))
         for key in keys:
-            row = totals.setdefault(key, [0, 0, 0, 0])
+            row = totals.setdefault(key, [0, 0, 0, 0, 0])
             row[0] += allocatable
             row[1] += node_used
-            row[2] += 0 if schedulable else allocatable
+            row[2] += 0 if schedulable or not available else allocatable
             row[3] += free
+            row[4] += 0 if available else allocatable
             members[key] += 1
         for index in range(1, len(chain)):
             if chain[index][1]:
@@ -407,11 +409,19 @@ def brute_force(
                 if chain[index - 1][1]:
                     children.setdefault(chain[index - 1], set()).add(chain[index])
     expected = {}
-    for key, (allocatable, node_used, unschedulable, free) in totals.items():
+    for key, (allocatable, node_used, unschedulable, free, unavailable) in totals.items():
         votes = parents.get(key)
         parent = min(votes.items(), key=lambda kv: (-kv[1], kv[0]))[0] if votes else None
         expected[key] = DomainUsage(
-            key[0], key[1], parent, members[key], allocatable, node_used, unschedulable, free
+            key[0],
+            key[1],
+            parent,
+            members[key],
+            allocatable,
+            node_used,
+            unschedulable,
+            free,
+            unavailable,
         )
     return expected, children
 
@@ -446,7 +456,7 @@ def assert_matches(
 def test_random_operations_agree_with_a_brute_force_recompute(seed: int) -> None:
     rng = random.Random(seed)
     tree = TopologyTree()
-    nodes: dict[str, tuple[dict[str, str], int, bool]] = {}
+    nodes: dict[str, tuple[dict[str, str], int, bool, bool]] = {}
     used: Counter[str] = Counter()
     names = [f"node-{i}" for i in range(24)]
     before, seen = brute_force(nodes, used), tree.version
@@ -454,9 +464,14 @@ def test_random_operations_agree_with_a_brute_force_recompute(seed: int) -> None
         name = rng.choice(names)
         roll = rng.random()
         if roll < 0.35:
-            entry = (random_labels(rng), rng.choice([0, 4, 8, 8]), rng.random() < 0.8)
+            entry = (
+                random_labels(rng),
+                rng.choice([0, 4, 8, 8]),
+                rng.random() < 0.8,
+                rng.random() < 0.8,  # available: no deep health check or EC2 event
+            )
             if name in nodes and rng.random() < 0.5:  # same place, new capacity or state
-                entry = (nodes[name][0], entry[1], entry[2])
+                entry = (nodes[name][0], entry[1], entry[2], entry[3])
             nodes[name] = entry
             tree.set_node(name, *entry)
         elif roll < 0.45:

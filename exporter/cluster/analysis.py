@@ -151,6 +151,9 @@ class PendingCause:
     quota_detail: str = ""  # how that was reached, or "unknown: <why>"
     fit: Fit | None = None  # the requested level's best domain, when judged
     placement: PlacementAnswer | None = None  # the whole request (preferred climbs, spreads)
+    # "blocked because 2 nodes of nn-a are in a deep health check (...)", "also unavailable:
+    # ...", or "" (part of topology_message too)
+    unavailable_note: str = ""
 
     @property
     def summary(self) -> str:
@@ -163,7 +166,10 @@ _TOPOLOGY_PHRASES = ("allows to fit only", "doesn't allow to fit", "topology")
 
 
 def pending_cause(
-    workload: Workload, quota: Answer | None, placement: PlacementAnswer | None
+    workload: Workload,
+    quota: Answer | None,
+    placement: PlacementAnswer | None,
+    unavailable_note: str = "",
 ) -> PendingCause:
     """Why a workload without quota waits: Kueue's own reason, plus the topology reason when
     its queue has the quota (`quota`, the cohort tree's `available`) but Kueue's TAS could not
@@ -172,7 +178,9 @@ def pending_cause(
 
     Kueue says the same in its QuotaReserved message ("topology ... allows to fit only N out of
     M pod(s)"); that message alone makes the cause topology when topowatch's quota answer does
-    not say the queue is short."""
+    not say the queue is short. `unavailable_note` says which nodes a deep health check or an
+    EC2 scheduled event keeps out, when they are why it cannot be placed; it joins the topology
+    message."""
     cond = workload.condition("QuotaReserved")
     reason = cond.reason if cond is not None and cond.status == "False" else ""
     message = cond.message if cond is not None and cond.status == "False" else ""
@@ -188,6 +196,8 @@ def pending_cause(
     ):
         room = f"quota allows {allowed} GPUs" if allowed is not None else "quota may allow it"
         topo = f"{room}; {placement.summary}"
+        if unavailable_note:
+            topo = f"{topo}; {unavailable_note}"
     asked = placement is not None and placement.mode in ("required", "preferred", "slices")
     lowered = message.lower()
     if not workload.active:
@@ -209,6 +219,7 @@ def pending_cause(
         quota_detail=quota.reason if quota is not None else "",
         fit=placement.tried[0] if placement is not None and placement.tried else None,
         placement=placement,
+        unavailable_note=unavailable_note if topo else "",
     )
 
 

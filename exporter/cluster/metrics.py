@@ -23,7 +23,10 @@ from exporter.exposition import (
 )
 from exporter.topology.tree import LEVELS, Placement
 
-DOMAIN_STATES = ("allocatable", "used", "free", "unschedulable")
+DOMAIN_STATES = ("allocatable", "used", "free", "unschedulable", "unavailable")
+# Exclusions that leave a node's GPUs unavailable (deep health check, EC2 scheduled event)
+# rather than unschedulable: `placement.ExclusionCause`.
+_UNAVAILABLE = frozenset({"deep-health-check", "scheduled-event"})
 HYPERPOD_QUEUE_PREFIX = "hyperpod-ns-"
 HYPERPOD_QUEUE_SUFFIX = "-clusterqueue"
 
@@ -61,12 +64,13 @@ _OUTSIDE_FLAVOR = frozenset({"flavor", "topology-label"})
 class LevelCapacity:
     """GPUs of one topology level over one flavor's nodes.
 
-    `domains` maps each domain id to [allocatable, used, unschedulable, free]; `largest_free`
+    `domains` maps each domain id to [allocatable, used, unschedulable, free, unavailable];
+    `largest_free`
     is the free GPUs of the domain with the most (ties: smallest id), as the topology tree
     answers for the whole cluster."""
 
     level: str
-    domains: Mapping[str, tuple[int, int, int, int]]
+    domains: Mapping[str, tuple[int, int, int, int, int]]
     free: int
     largest_free: int
 
@@ -81,11 +85,13 @@ def flavor_levels(model: ClusterModel, flavor: str, levels: Sequence[str]) -> li
     A node the flavor's nodeLabels select (and that carries its Topology's levels) counts in
     allocatable and used; its free GPUs count only when the flavor's pods may use it now
     (Ready, not cordoned or marked unhealthy, every blocking taint tolerated), and otherwise
-    its allocatable GPUs count as unschedulable. Free and used per node come from the
+    its allocatable GPUs count as unschedulable, or as unavailable when a deep health check or
+    an EC2 scheduled event keeps it out (never both). Free and used per node come from the
     topology tree (`node_free`, `node_used`), so they agree with the flavor-less figures.
     """
     eligibility = model.eligibility(flavor)
     usable = eligibility.nodes
+    unavailable_nodes = {e.node for e in eligibility.excluded if e.cause in _UNAVAILABLE}
     members = [
         *usable,
         *(e.node for e in eligibility.excluded if e.cause not in _OUTSIDE_FLAVOR),
@@ -101,8 +107,11 @@ def flavor_levels(model: ClusterModel, flavor: str, levels: Sequence[str]) -> li
             continue
         allocatable = max(0, node.allocatable_gpus)
         used = tree.node_used(name)
+        unavailable = 0
         if name in usable:
             free, unschedulable = tree.node_free(name), 0
+        elif name in unavailable_nodes:
+            free, unschedulable, unavailable = 0, 0, allocatable
         else:
             free, unschedulable = 0, allocatable
         for per_domain, domain_of in zip(sums, getters, strict=True):
@@ -111,19 +120,20 @@ def flavor_levels(model: ClusterModel, flavor: str, levels: Sequence[str]) -> li
                 continue
             total = per_domain.get(domain)
             if total is None:
-                per_domain[domain] = [allocatable, used, unschedulable, free]
+                per_domain[domain] = [allocatable, used, unschedulable, free, unavailable]
             else:
                 total[0] += allocatable
                 total[1] += used
                 total[2] += unschedulable
                 total[3] += free
+                total[4] += unavailable
     out = []
     for level, per_domain in zip(levels, sums, strict=True):
         free_total = largest = 0
         for values in per_domain.values():
             free_total += values[3]
             largest = max(largest, values[3])
-        domains = {d: (v[0], v[1], v[2], v[3]) for d, v in sorted(per_domain.items())}
+        domains = {d: (v[0], v[1], v[2], v[3], v[4]) for d, v in sorted(per_domain.items())}
         out.append(LevelCapacity(level, domains, free_total, largest))
     return out
 
@@ -145,7 +155,8 @@ def _topology_families(model: ClusterModel) -> Iterable[Family]:
         "topowatch_cluster_domain_gpus",
         GAUGE,
         "GPUs of each ResourceFlavor in each topology domain by state (free: on nodes the "
-        "flavor's pods may use now; unschedulable: on its nodes they may not).",
+        "flavor's pods may use now; unschedulable: on its nodes they may not; unavailable: on "
+        "its nodes in a deep health check or with an EC2 scheduled event due).",
     )
     free = Family(
         "topowatch_cluster_free_gpus",
@@ -174,7 +185,13 @@ def _topology_families(model: ClusterModel) -> Iterable[Family]:
             labels = [("flavor", ""), ("level", level)]
             head = label_string(labels)[:-1]
             for usage in model.tree.domains(level):
-                values = (usage.allocatable, usage.used, usage.free, usage.unschedulable)
+                values = (
+                    usage.allocatable,
+                    usage.used,
+                    usage.free,
+                    usage.unschedulable,
+                    usage.unavailable,
+                )
                 _add_domain(gpus, head, usage.domain, values)
             summary = model.tree.fragmentation(level)
             free.add(labels, summary.free)
@@ -186,8 +203,8 @@ def _topology_families(model: ClusterModel) -> Iterable[Family]:
         for capacity in flavor_levels(model, flavor, levels):
             labels = [("flavor", flavor), ("level", capacity.level)]
             head = label_string(labels)[:-1]
-            for domain, (alloc, used, unschedulable, free_gpus) in capacity.domains.items():
-                _add_domain(gpus, head, domain, (alloc, used, free_gpus, unschedulable))
+            for domain, (alloc, used, unsched, free_gpus, unavail) in capacity.domains.items():
+                _add_domain(gpus, head, domain, (alloc, used, free_gpus, unsched, unavail))
             free.add(labels, capacity.free)
             largest.add(labels, capacity.largest_free)
             frag.add(labels, capacity.ratio)
@@ -367,4 +384,13 @@ def _model_families(model: ClusterModel) -> Iterable[Family]:
     events = Family("topowatch_cluster_model_events", COUNTER, "Watch events applied, by kind.")
     for kind, count in sorted(model.events_applied.items()):
         events.add([("kind", kind)], count)
-    return [objects, problems, events]
+    unavailable = Family(
+        "topowatch_cluster_unavailable_nodes",
+        GAUGE,
+        "Nodes whose GPUs are unavailable, not free, by cause: deep-health-check (HyperPod's "
+        "deep health check InProgress, Failed or unreadable) or scheduled-event (EC2).",
+    )
+    causes = Counter(node.unavailable for node in model.nodes.values() if node.unavailable)
+    for cause in ("deep-health-check", "scheduled-event"):
+        unavailable.add([("cause", cause)], causes.get(cause, 0))
+    return [objects, problems, events, unavailable]

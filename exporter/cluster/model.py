@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from exporter.cluster import analysis
 from exporter.cluster.analysis import Locality, PendingCause
 from exporter.cluster.capacity.placement import (
     Eligibility,
+    Exclusion,
     Fit,
     FreeCapacity,
     PlacementAnswer,
@@ -59,7 +61,8 @@ from exporter.cluster.parse.kueue import (
 )
 from exporter.cluster.reservations import ReservationBook
 from exporter.cluster.timeline import TimelineEntry, timeline_changes
-from exporter.topology.labels import INSTANCE_TYPE_KEY
+from exporter.sources.ec2_events import ScheduledEvent
+from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY, INSTANCE_TYPE_KEY
 from exporter.topology.tree import Placement, TopologyTree, level_of_label_key
 
 log = logging.getLogger(__name__)
@@ -91,6 +94,11 @@ LIVE_SLACK_S = 2.0
 # listed is judged once they all have (or after this long, should a kind never list).
 SYNC_GRACE_S = 120.0
 AWAITING_LISTS = "awaiting the informers' first lists; judged once every kind has listed"
+# An EC2 scheduled event this close (or already begun) makes its node unavailable: a job placed
+# there now would be cut short by the reboot, maintenance or retirement.
+EVENT_HORIZON_S = 48 * 3600.0
+# `placement.ExclusionCause`s that make a node unavailable rather than unschedulable.
+UNAVAILABLE_CAUSES = ("deep-health-check", "scheduled-event")
 ADMISSION_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 
 
@@ -151,6 +159,10 @@ class ClusterModel:
         self.recent_problems: deque[str] = deque(maxlen=problem_log_limit)
         self.events_applied: Counter[str] = Counter()
         self._versions: dict[str, dict[Any, str]] = {kind: {} for kind in KINDS}
+        # EC2 scheduled events by instance id (`set_scheduled_events`), and how far ahead an
+        # event makes its node unavailable.
+        self._scheduled_events: dict[str, tuple[ScheduledEvent, ...]] = {}
+        self.event_horizon_s = EVENT_HORIZON_S
         self._wl_by_uid: dict[str, WorkloadKey] = {}
         self._wl_by_job: dict[str, WorkloadKey] = {}  # job-uid label and owner UID
         self._pods_by_group: dict[object, set[tuple[str, str]]] = {}
@@ -285,7 +297,19 @@ class ClusterModel:
                 self._labels_epoch += 1
                 self._nodes_epoch += 1
             return
-        node = parse_node(obj)
+        notes: list[str] = []
+        node = parse_node(obj, notes)
+        for note in notes:
+            if DEEP_HEALTH_CHECK_KEY in note:
+                self._problem("Node", "deep_health_unreadable", f"{name}: {note}")
+            else:
+                log.warning("malformed Node %s: %s", name, note)
+        note = self._event_note(node.instance_id, now)
+        if note:
+            node = replace(node, scheduled_event=note)
+        self._put_node(name, node)
+
+    def _put_node(self, name: str, node: Node) -> None:
         old = self.nodes.get(name)
         self.nodes[name] = node
         if old != node:
@@ -297,8 +321,55 @@ class ClusterModel:
             or old.labels != node.labels
             or old.allocatable_gpus != node.allocatable_gpus
             or old.schedulable != node.schedulable
+            or old.unavailable != node.unavailable
         ):
-            self.tree.set_node(name, dict(node.labels), node.allocatable_gpus, node.schedulable)
+            self.tree.set_node(
+                name,
+                dict(node.labels),
+                node.allocatable_gpus,
+                node.schedulable,
+                available=not node.unavailable,
+            )
+
+    # --- EC2 scheduled events ----------------------------------------------------------------
+
+    def set_scheduled_events(
+        self,
+        events: Mapping[str, Sequence[ScheduledEvent]],
+        now: float,
+        horizon_s: float | None = None,
+    ) -> int:
+        """The open EC2 scheduled events by instance id, as last polled (the whole set: an
+        instance left out has none). A node whose instance (spec.providerID) has an event that
+        starts within `horizon_s` of `now` (or has started) is unavailable; events of instances
+        no Node names are ignored. Returns how many nodes have one."""
+        self._scheduled_events = {k: tuple(v) for k, v in events.items()}
+        if horizon_s is not None:
+            self.event_horizon_s = horizon_s
+        marked = 0
+        for name, node in list(self.nodes.items()):
+            note = self._event_note(node.instance_id, now)
+            marked += bool(note)
+            if note != node.scheduled_event:
+                self._put_node(name, replace(node, scheduled_event=note))
+        return marked
+
+    def _event_note(self, instance_id: str, now: float) -> str:
+        """ "system-reboot from 2026-11-25T02:00:00Z" for the earliest event of the instance
+        that starts within the horizon and has not ended, "" when none."""
+        if not instance_id or not self._scheduled_events:
+            return ""
+        due = [
+            event
+            for event in self._scheduled_events.get(instance_id, ())
+            if (event.not_before is None or event.not_before <= now + self.event_horizon_s)
+            and (event.not_after is None or event.not_after > now)
+        ]
+        if not due:
+            return ""
+        first = min(due, key=lambda e: (e.not_before or 0.0, e.code))
+        when = "" if first.not_before is None else f" from {_iso(first.not_before)}"
+        return f"{first.code}{when}"
 
     def _apply_pod(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         key = (_namespace(obj), _name(obj))
@@ -1003,7 +1074,49 @@ class ClusterModel:
         flavor, quota = self.quota_for(workload, self.quota_tree())
         pod_set = _topology_pod_set(workload)
         answer = self._placement(flavor, pod_set) if pod_set is not None else None
-        return analysis.pending_cause(workload, quota, answer)
+        note = ""
+        if pod_set is not None and answer is not None and not answer.placeable:
+            note = self._unavailable_note(flavor, pod_set)
+        return analysis.pending_cause(workload, quota, answer, unavailable_note=note)
+
+    def _unavailable_note(self, flavor: str, pod_set: PodSetRequest) -> str:
+        """Why nodes the flavor selects are unavailable, when that is what blocks the pod set:
+        "blocked because 3 nodes of nn-a are in a deep health check (a1, a2, a3)" when Kueue's
+        TAS would place it with those nodes back, "also unavailable: ..." otherwise."""
+        eligibility = self.eligibility(flavor)
+        out = [e for e in eligibility.excluded if e.cause in UNAVAILABLE_CAUSES]
+        if not out:
+            return ""
+        names = frozenset(e.node for e in out)
+        # "\0" cannot start a flavor name: these answers share the cache, not its keys.
+        key = (f"\0back:{flavor}", pod_set.topology, pod_set.count, pod_set.gpus_per_pod)
+        back = self._placement_cache.get(key)  # the cache is cleared when the tree changes
+        if back is None:
+            spec = self.flavors.get(flavor)
+            topology = self.topologies.get(spec.topology_name) if spec is not None else None
+            back = place(
+                _AvailableAgain(self.tree, self.nodes, names),
+                eligibility.nodes | names,
+                pod_set.topology,
+                pod_set.count,
+                pod_set.gpus_per_pod,
+                levels=topology.levels if topology is not None else None,
+            )
+            self._placement_cache[key] = back
+        if back.placeable and back.domains:
+            chosen = set(back.domains)
+            inside = [e for e in out if self._domain_of(e.node, back.level) in chosen]
+            if inside:
+                held = sorted({self._domain_of(e.node, back.level) or "" for e in inside})
+                where = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+                return f"blocked because {_unavailable_words(inside, where)}"
+        return f"also unavailable: {_unavailable_words(out, '')}"
+
+    def _domain_of(self, node: str, level: str) -> str | None:
+        if level == "node":
+            return node
+        place_of = self.tree.placement(node)
+        return None if place_of is None else place_of.domain_at(level)
 
     def _placement(self, flavor: str, pod_set: PodSetRequest) -> PlacementAnswer:
         """Where Kueue's TAS could place the pod set now. Many pending workloads share a few
@@ -1137,13 +1250,63 @@ class _FreeBefore:
         if not delta:
             return self._tree.node_free(node)
         spec = self._nodes.get(node)
-        if spec is None or not spec.schedulable or self._tree.placement(node) is None:
+        if (
+            spec is None
+            or not spec.schedulable
+            or spec.unavailable
+            or self._tree.placement(node) is None
+        ):
             return 0
         used_then = max(0, self._tree.node_used(node) - delta)
         return max(0, spec.allocatable_gpus - used_then)
 
     def placement(self, node: str) -> Placement | None:
         return self._tree.placement(node)
+
+
+class _AvailableAgain:
+    """The tree's free GPUs, with the `back` nodes (out for a deep health check or an EC2
+    event) counted free again: allocatable minus use (a `FreeCapacity`)."""
+
+    def __init__(self, tree: TopologyTree, nodes: Mapping[str, Node], back: frozenset[str]) -> None:
+        self._tree = tree
+        self._nodes = nodes
+        self._back = back
+
+    def node_free(self, node: str) -> int:
+        if node not in self._back:
+            return self._tree.node_free(node)
+        spec = self._nodes.get(node)
+        if spec is None or self._tree.placement(node) is None:
+            return 0
+        return max(0, spec.allocatable_gpus - self._tree.node_used(node))
+
+    def placement(self, node: str) -> Placement | None:
+        return self._tree.placement(node)
+
+
+def _unavailable_words(excluded: Sequence[Exclusion], where: str) -> str:
+    """ "3 nodes of nn-a are in a deep health check (a1, a2, a3) and 1 has an EC2 scheduled
+    event (a4: system-reboot from ...)"; `where` "" leaves out the "of <domain>"."""
+    parts: list[str] = []
+    of = f" of {where}" if where else ""
+    for cause in UNAVAILABLE_CAUSES:
+        found = [e for e in excluded if e.cause == cause]
+        if not found:
+            continue
+        count = len(found)
+        if cause == "deep-health-check":
+            verb = "is" if count == 1 else "are"
+            what = f"{verb} in a deep health check"
+            names = ", ".join(e.node for e in found[:5])
+        else:
+            what = "has an EC2 scheduled event" if count == 1 else "have EC2 scheduled events"
+            names = ", ".join(f"{e.node}: {e.detail}" for e in found[:5])
+        more = ", ..." if count > 5 else ""
+        noun = "node" if count == 1 else "nodes"
+        head = f"{count} {noun}{of}" if not parts else f"{count}"
+        parts.append(f"{head} {what} ({names}{more})")
+    return " and ".join(parts)
 
 
 def _flavor_by_instance_type(flavor: str, nodes: Iterable[Node]) -> ResourceFlavor | None:
@@ -1154,3 +1317,7 @@ def _flavor_by_instance_type(flavor: str, nodes: Iterable[Node]) -> ResourceFlav
     if not any(node.label(INSTANCE_TYPE_KEY) == flavor for node in nodes):
         return None
     return ResourceFlavor(flavor, ((INSTANCE_TYPE_KEY, flavor),), "")
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

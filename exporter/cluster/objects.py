@@ -251,6 +251,31 @@ class Node:
     condition_note: str = ""
     taints: tuple[Taint, ...] = ()  # spec.taints
     cordoned: bool = False  # spec.unschedulable
+    # sagemaker.amazonaws.com/deep-health-check-status as written, "" when absent
+    deep_health: str = ""
+    # True while that check is InProgress or Failed, or its value is unreadable
+    deep_health_blocks: bool = False
+    # An open EC2 scheduled event for the node's instance ("system-reboot from 2026-..."),
+    # "" when none is known; set by the cluster model from the EC2 events source.
+    scheduled_event: str = ""
+    # The EC2 instance id from spec.providerID (aws:///<zone>/i-...), "" when not on EC2
+    instance_id: str = ""
+
+    @property
+    def unavailable(self) -> Literal["", "deep-health-check", "scheduled-event"]:
+        """Why the node's GPUs are not offered as free although Kubernetes may still schedule
+        there: a deep health check running, failed or unreadable, or EC2 maintenance ahead."""
+        if self.deep_health_blocks:
+            return "deep-health-check"
+        if self.scheduled_event:
+            return "scheduled-event"
+        return ""
+
+    @property
+    def unavailable_detail(self) -> str:
+        if self.deep_health_blocks:
+            return f"deep health check {self.deep_health or 'status unreadable'}"
+        return self.scheduled_event
 
     def label(self, key: str) -> str:
         for k, v in self.labels:

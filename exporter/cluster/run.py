@@ -34,6 +34,7 @@ from exporter.cluster.explain import (
 from exporter.cluster.informers import InformerSet
 from exporter.cluster.service import ClusterService, build_app, run_app
 from exporter.cluster.views import preemptions_view, workload_view
+from exporter.sources.ec2_events import Ec2EventsError, Ec2EventsSource
 
 if TYPE_CHECKING:
     from healthcheck.controller import RemediationController
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CLUSTER_PORT = 9403
 QUOTA_SAMPLE_S = 60.0
+EC2_EVENTS_INTERVAL_S = 300.0
 
 
 def kube_api_client(host: str | None = None) -> kubernetes.client.ApiClient:
@@ -69,14 +71,21 @@ def serve_cluster(
     alerts_token: str | None = None,
     quota_sample_s: float = QUOTA_SAMPLE_S,
     quota_min_observed_s: float = 3600.0,
+    ec2_events: Ec2EventsSource | None = None,
+    ec2_events_interval_s: float = EC2_EVENTS_INTERVAL_S,
+    ec2_events_horizon_s: float | None = None,
 ) -> ClusterService:
-    """Run informers and the HTTP service until SIGTERM/SIGINT (or `stop`)."""
+    """Run informers and the HTTP service until SIGTERM/SIGINT (or `stop`). `ec2_events`, when
+    given, is polled every `ec2_events_interval_s` for EC2 scheduled events."""
     service = ClusterService(
         workload_cap=workload_cap,
         controller=controller,
         alerts_token=alerts_token,
         quota_min_observed_s=quota_min_observed_s,
     )
+    if ec2_events is not None:
+        service.ec2_event_counts = ec2_events.counts
+        service.ec2_event_horizon_s = ec2_events_horizon_s
     if controller is not None:
         controller.start()
     informers = InformerSet(api_client, service)
@@ -100,10 +109,17 @@ def serve_cluster(
                 on_started(bound, service)
 
         sampler = asyncio.create_task(_sample_quota(service, quota_sample_s))
+        poller = (
+            asyncio.create_task(poll_ec2_events(service, ec2_events, ec2_events_interval_s))
+            if ec2_events is not None
+            else None
+        )
         try:
             await run_app(build_app(service), host, port, stop_event, started)
         finally:
             sampler.cancel()
+            if poller is not None:
+                poller.cancel()
 
     try:
         asyncio.run(main())
@@ -125,6 +141,38 @@ async def _sample_quota(service: ClusterService, every_s: float) -> None:
             await loop.run_in_executor(None, service.sample_quota)
         except Exception:  # advice is optional; the service must keep serving without it
             log.exception("quota sampling failed")
+
+
+async def poll_ec2_events(
+    service: ClusterService, source: Ec2EventsSource, every_s: float, first_s: float = 0.0
+) -> None:
+    """Feed the model EC2's scheduled events every `every_s` seconds, off the event loop. A
+    failed poll keeps what the model knew; failures are counted by the source and logged once
+    until a poll succeeds again."""
+    loop = asyncio.get_running_loop()
+    failing = False
+    delay = first_s
+    while True:
+        await asyncio.sleep(delay)
+        delay = every_s
+        try:
+            events = await loop.run_in_executor(None, source.poll)
+        except Ec2EventsError as exc:
+            if not failing:
+                log.warning("EC2 scheduled events: %s; keeping the last known set", exc)
+            failing = True
+            continue
+        except Exception:  # a bug here must not stop the service
+            source.counts["error"] = source.counts.get("error", 0) + 1
+            if not failing:
+                log.exception("EC2 scheduled events poll failed")
+            failing = True
+            continue
+        if failing:
+            log.info("EC2 scheduled events: polling again")
+        failing = False
+        marked = await loop.run_in_executor(None, service.set_scheduled_events, events)
+        log.debug("EC2 scheduled events: %d instances, %d nodes unavailable", len(events), marked)
 
 
 # --- remediation ------------------------------------------------------------------------------

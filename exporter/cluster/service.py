@@ -12,7 +12,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ from exporter.exposition import (
     encode_text,
     wants_openmetrics,
 )
+from exporter.sources.ec2_events import ScheduledEvent
 
 if TYPE_CHECKING:
     from healthcheck.controller import RemediationController
@@ -68,6 +69,10 @@ class ClusterService:
         self._quota_first_sample: float | None = None
         self._quota_advice: list[Recommendation] = []
         self.informers: InformerSet | None = None
+        # The EC2 scheduled-events poller's counts (ok, throttled, error, throttles, malformed),
+        # None while it is off (--ec2-events not given).
+        self.ec2_event_counts: dict[str, int] | None = None
+        self.ec2_event_horizon_s: float | None = None
 
     # InformerSink
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
@@ -88,6 +93,11 @@ class ClusterService:
         if kind == "Node" and self.controller is not None:
             self.controller.observe_node(obj, self.clock(), deleted=event_type == "DELETED")
 
+    def set_scheduled_events(self, events: Mapping[str, Sequence[ScheduledEvent]]) -> int:
+        """A completed EC2 scheduled-events poll: the whole set, by instance id."""
+        with self.lock:
+            return self.model.set_scheduled_events(events, self.clock(), self.ec2_event_horizon_s)
+
     def attach(self, informers: InformerSet) -> None:
         """Informers will feed the model: verdicts wait for every kind's first list."""
         self.informers = informers
@@ -104,6 +114,7 @@ class ClusterService:
             families = metrics.render(self.model, self.workload_cap)
             families.extend(quota_families(self._quota_advice, self.model))
         families.extend(self.informer_families())
+        families.extend(self.ec2_event_families())
         if self.controller is not None:
             families.extend(self.controller.families())
         return encode_openmetrics(families) if openmetrics else encode_text(families)
@@ -131,6 +142,33 @@ class ClusterService:
             for reason, count in sorted(st.errors.items()):
                 errors.add([*labels, ("reason", reason)], count)
         return [synced, events, relists, restarts, errors]
+
+    def ec2_event_families(self) -> list[Family]:
+        """The EC2 scheduled-events poller's own counters; none while it is off."""
+        counts = self.ec2_event_counts
+        if counts is None:
+            return []
+        polls = Family(
+            "topowatch_cluster_ec2_event_polls",
+            COUNTER,
+            "DescribeInstanceStatus polls for EC2 scheduled events, by result (ok, throttled: "
+            "still throttled after every retry, error).",
+        )
+        for result in ("ok", "throttled", "error"):
+            polls.add([("result", result)], counts.get(result, 0))
+        throttles = Family(
+            "topowatch_cluster_ec2_event_throttles",
+            COUNTER,
+            "DescribeInstanceStatus calls answered with a throttling error (each retried).",
+        )
+        throttles.add([], counts.get("throttles", 0))
+        malformed = Family(
+            "topowatch_cluster_ec2_event_malformed",
+            COUNTER,
+            "Instance statuses or events in DescribeInstanceStatus answers that were skipped.",
+        )
+        malformed.add([], counts.get("malformed", 0))
+        return [polls, throttles, malformed]
 
     def workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self.lock:

@@ -245,6 +245,9 @@ def would_run_if(model: ClusterModel, wl: Workload, pending: PendingCause | None
             out.append(f"its nodes carried a {fit.level} label ({fit.summary})")
         if request is not None and request.mode == "required":
             out.append(f"its topology request were relaxed from required to preferred {fit.level}")
+    blocked = "blocked because "
+    if pending.cause == "topology" and pending.unavailable_note.startswith(blocked):
+        out.append(f"these nodes were back: {pending.unavailable_note.removeprefix(blocked)}")
     if pending.cause in ("quota", "topology"):
         available = pending.quota_available
         if available is not None and available < needed:
@@ -281,8 +284,25 @@ def topology_view(model: ClusterModel) -> dict[str, Any]:
         "fragmentation": fragmentation,
         "tree": render_tree(model.tree),
         "ultraservers": [
-            {"domain": u.domain, "nodes": u.nodes, "allocatable": u.allocatable, "free": u.free}
+            {
+                "domain": u.domain,
+                "nodes": u.nodes,
+                "allocatable": u.allocatable,
+                "free": u.free,
+                "unavailable": u.unavailable,
+            }
             for u in model.tree.ultraservers()
+        ],
+        # Nodes whose GPUs are unavailable, not free: a deep health check, an EC2 event.
+        "unavailable_nodes": [
+            {
+                "node": name,
+                "cause": node.unavailable,
+                "detail": node.unavailable_detail,
+                "gpus": node.allocatable_gpus,
+            }
+            for name, node in sorted(model.nodes.items())
+            if node.unavailable
         ],
     }
 

@@ -21,6 +21,7 @@ from exporter.node.render import render
 from exporter.node.xid import XidLedger
 from exporter.snapshot import (
     CollectorStatus,
+    CustomCheckReading,
     EfaDeviceReading,
     GpuAffinity,
     GpuInventory,
@@ -31,6 +32,7 @@ from exporter.snapshot import (
 )
 from exporter.sources import sysfs
 from exporter.sources.interfaces import (
+    CustomCheckSource,
     GpuSource,
     NodeLabelsSource,
     PodResourcesSource,
@@ -57,12 +59,15 @@ class NodeSources:
     sysfs_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
     before_poll: Callable[[float], None] | None = None  # the simulation advances its clock here
+    custom_checks: CustomCheckSource | None = None  # admins' scripts, run in the background
 
     def close(self) -> None:
         self.gpu.close()
         self.labels.close()
         if self.pods is not None:
             self.pods.close()
+        if self.custom_checks is not None:
+            self.custom_checks.close()
 
 
 class _Degraded(SourceError):
@@ -138,6 +143,9 @@ class Poller:
         rootfs_ro = self._collect(
             run, "rootfs", lambda: sysfs.read_rootfs_read_only(self.sources.proc_root), None
         )
+        custom: tuple[CustomCheckReading, ...] = ()
+        if self.sources.custom_checks is not None:  # the latest results: never waits on a script
+            custom = self._collect(run, "custom_checks", self.sources.custom_checks.read, ())
         if all(s.ok for s in run):
             self._last_success = now
         snapshot = NodeSnapshot(
@@ -154,6 +162,7 @@ class Poller:
             collector_errors=dict(self._errors),
             last_success=self._last_success,
             rootfs_read_only=rootfs_ro,
+            custom_checks=custom,
         )
         self._observe_health(snapshot)
         exposition = Exposition.build(self.families(snapshot))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from exporter.exposition import COUNTER, GAUGE, INFO, Family, escape_label_value
+from exporter.exposition import COUNTER, GAUGE, HISTOGRAM, INFO, Family, escape_label_value
 from exporter.node import xid as xid_catalog
 from exporter.snapshot import GpuReading, NodeSnapshot, NvLinkReading, PodRef
 
@@ -209,7 +209,8 @@ GPU_FIELDS: tuple[Field, ...] = (
     Field(
         "topowatch_gpu_fabric_healthy",
         GAUGE,
-        "1 when the GPU's NVLink fabric registration completed healthy (GB200 class).",
+        "1 when the GPU's NVLink fabric registration completed with a success status"
+        " (HGX Hopper, GB200).",
         lambda g: _flag(g.fabric.healthy) if g.fabric else None,
     ),
 )
@@ -241,6 +242,74 @@ NVLINK_FIELDS: tuple[tuple[str, str, str, Callable[[NvLinkReading], int | None]]
         "Link recoveries (retraining).",
         lambda lk: lk.recovery_errors,
     ),
+    # NVLink5 (Blackwell): NVML's NVML_FI_DEV_NVLINK_COUNT_* per-link field values.
+    ("topowatch_nvlink_tx_packets", COUNTER, "Packets sent (NVLink5).", lambda lk: lk.tx_packets),
+    (
+        "topowatch_nvlink_rx_packets",
+        COUNTER,
+        "Packets received (NVLink5).",
+        lambda lk: lk.rx_packets,
+    ),
+    (
+        "topowatch_nvlink_rx_errors",
+        COUNTER,
+        "Packets received with errors (NVLink5).",
+        lambda lk: lk.rx_errors,
+    ),
+    (
+        "topowatch_nvlink_rx_malformed_packet_errors",
+        COUNTER,
+        "Malformed packets received (NVLink5).",
+        lambda lk: lk.malformed_packet_errors,
+    ),
+    (
+        "topowatch_nvlink_rx_buffer_overrun_errors",
+        COUNTER,
+        "Packets discarded on receive for a buffer overrun (NVLink5).",
+        lambda lk: lk.buffer_overrun_errors,
+    ),
+    (
+        "topowatch_nvlink_rx_remote_errors",
+        COUNTER,
+        "Packets received stomped (EBP marker) by the remote end (NVLink5).",
+        lambda lk: lk.rx_remote_errors,
+    ),
+    (
+        "topowatch_nvlink_rx_general_errors",
+        COUNTER,
+        "Packets received with a header mismatch (NVLink5).",
+        lambda lk: lk.rx_general_errors,
+    ),
+    (
+        "topowatch_nvlink_local_link_integrity_errors",
+        COUNTER,
+        "Times the local error count crossed its threshold (NVLink5).",
+        lambda lk: lk.local_link_integrity_errors,
+    ),
+    (
+        "topowatch_nvlink_tx_discards",
+        COUNTER,
+        "Error packets discarded on transmit (NVLink5).",
+        lambda lk: lk.tx_discards,
+    ),
+    (
+        "topowatch_nvlink_link_recoveries",
+        COUNTER,
+        "Times the link went from up to recovery, whatever the result (NVLink5).",
+        lambda lk: lk.link_recovery_events,
+    ),
+    (
+        "topowatch_nvlink_link_recovery_successes",
+        COUNTER,
+        "Link recoveries that brought the link back up (NVLink5).",
+        lambda lk: lk.link_recovery_successful_events,
+    ),
+    (
+        "topowatch_nvlink_link_recovery_failures",
+        COUNTER,
+        "Link recoveries that failed, the link declared down (NVLink5).",
+        lambda lk: lk.link_recovery_failed_events,
+    ),
 )
 
 
@@ -268,6 +337,7 @@ def render(snapshot: NodeSnapshot) -> list[Family]:
     _render_gpus(fams, snapshot, node)
     _render_efa(fams, snapshot, node)
     _render_numa(fams, snapshot, node)
+    _render_custom_checks(fams, snapshot, node)
     return list(fams)
 
 
@@ -389,7 +459,7 @@ def _render_gpus(fams: _Families, s: NodeSnapshot, node: str) -> None:
     fabric = fams.get(
         "topowatch_gpu_fabric",
         INFO,
-        "NVLink fabric registration state, clique and cluster (GB200 class).",
+        "NVLink fabric registration state, probe status, clique and cluster (HGX Hopper, GB200).",
     )
     prefixes: dict[int, str] = {}
     hardware: dict[int, str] = {}
@@ -422,7 +492,8 @@ def _render_gpus(fams: _Families, s: NodeSnapshot, node: str) -> None:
             reasons.add_rendered(f'{{{p},reason="{reason}"}}', 1)
         if g.fabric is not None:
             fabric.add_rendered(
-                f'{{{p},state="{g.fabric.state}",clique_id="{g.fabric.clique_id or ""}",'
+                f'{{{p},state="{g.fabric.state}",status="{_q(g.fabric.status or "")}",'
+                f'clique_id="{g.fabric.clique_id or ""}",'
                 f'cluster_uuid="{_q(g.fabric.cluster_uuid or "")}"}}',
                 1,
             )
@@ -591,6 +662,37 @@ def _render_numa(fams: _Families, s: NodeSnapshot, node: str) -> None:
             fam.add_rendered(f'{{{nl},field="{_q(key)}"}}', v)
         for key, v in n.numastat.items():
             stat.add_rendered(f'{{{nl},event="{_q(key)}"}}', v)
+
+
+def _render_custom_checks(fams: _Families, s: NodeSnapshot, node: str) -> None:
+    """Admins' check scripts: the latest status (NPD's 0 OK, 1 problem, 2 unknown), runs by how
+    they ended, and how long they took. Absent when no check is configured."""
+    if not s.custom_checks:
+        return
+    status = fams.get(
+        "topowatch_custom_check_status",
+        GAUGE,
+        "Latest result of a custom check script: 0 ok, 1 problem, 2 unknown (NPD's exit codes).",
+    )
+    runs = fams.get(
+        "topowatch_custom_check_runs",
+        COUNTER,
+        "Custom check runs by how they ended (ok, problem, unknown, timeout, error), and turns "
+        "skipped because the previous run was still going.",
+    )
+    duration = fams.get(
+        "topowatch_custom_check_duration_seconds",
+        HISTOGRAM,
+        "How long custom check runs took, timeouts included.",
+    )
+    for c in s.custom_checks:
+        labels = [("node", s.node), ("check", c.check)]
+        if c.status is not None:
+            status.add(labels, c.status)
+        for result, n in c.runs.items():
+            runs.add([*labels, ("result", result)], n)
+        if c.duration_buckets:
+            duration.add_histogram(labels, c.duration_buckets, c.duration_sum, c.duration_count)
 
 
 def render_sorted_names(families: Sequence[Family]) -> list[str]:

@@ -5,11 +5,16 @@
     gpu-reset-required@gpu2  GPU 2 needs a reset: every NVML call on it fails RESET_REQUIRED
     nvml-timeout@gpu5      every NVML call on GPU 5 fails TIMEOUT (a hung GPU, or a busy driver)
     nvlink-down@gpu0:link3 link 3 of GPU 0 goes inactive
-    nvlink-crc@gpu1:link0  CRC flit/data error counters of that link grow fast (a storm)
+    nvlink-crc@gpu1:link0  CRC flit/data error counters of that link grow fast (a storm); on
+                           Blackwell the NVLink5 rx error, local link integrity and link
+                           recovery counters instead
     ecc-dbe@gpu1           volatile uncorrectable ECC errors appear on GPU 1
     remap-failure@gpu4     row remapping fails on GPU 4
     thermal@gpu5           hardware thermal slowdown on GPU 5 (temperature up, clocks down)
     pcie-degraded@gpu6     PCIe link trained below its max generation and width
+    fabric-degraded@gpu2   GPU 2's fabric probe COMPLETED with a failed status
+                           (INSUFFICIENT_RESOURCES) and an unhealthy route in its health mask
+                           (profiles with a fabric: p6e-gb200)
     efa-missing@rdmap16s27 the EFA device disappears from sysfs
     efa-unresponsive@rdmap16s27  unresponsive_remote_events keeps rising on that device
     rootfs-ro              the root filesystem is read-only
@@ -41,6 +46,7 @@ GPU_FAULTS = frozenset(
         "remap-failure",
         "thermal",
         "pcie-degraded",
+        "fabric-degraded",
     }
 )
 LINK_FAULTS = frozenset({"nvlink-down", "nvlink-crc"})

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from exporter.snapshot import GpuInventory, PodRef
+from exporter.snapshot import CustomCheckReading, GpuInventory, PodRef
 
 
 class SourceError(Exception):
@@ -48,5 +48,15 @@ class NodeLabelsSource(Protocol):
     def drain_errors(self) -> list[str]:
         """Reasons of background refreshes that failed since the last call (for the counter)."""
         ...
+
+    def close(self) -> None: ...
+
+
+class CustomCheckSource(Protocol):
+    """Admins' check scripts, run in the background on their own intervals
+    (exporter/sources/custom_checks.py). `read` never blocks on a script: it returns the
+    latest finished run of each configured check."""
+
+    def read(self) -> tuple[CustomCheckReading, ...]: ...
 
     def close(self) -> None: ...

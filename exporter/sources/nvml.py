@@ -17,8 +17,18 @@ addressed by scopeId = link index:
   and there is no scoped data-CRC id, so data CRC errors come from one
   `nvmlDeviceGetNvLinkErrorCounter(..., NVML_NVLINK_ERROR_DL_CRC_DATA)` call per active link
   (the API nvidia-smi's `nvlink -e` uses; NOT_SUPPORTED is remembered). NVML 565+ drops the DL
-  ids on Blackwell too (NVLink5 counts errors in the `NVML_FI_DEV_NVLINK_COUNT_*` family, which
-  this model does not carry yet): there the three counters are None.
+  ids on Blackwell too: there the three counters are None;
+* NVLink5 (Blackwell) counts per link in the `NVML_FI_DEV_NVLINK_COUNT_*` family (nvml.h ids
+  201/203 tx/rx packets, 206 malformed packets, 207 buffer overruns, 208 rx errors, 209 rx
+  remote (stomp/EBP) errors, 210 rx general (header mismatch) errors, 211 local link integrity
+  (local errors past a threshold), 212 tx discards, 213/214/215 link recoveries succeeded,
+  failed, all). Before Blackwell each answers NOT_SUPPORTED once and leaves the request. The
+  RAW_BER ids (216-218) are "Deprecated, do not use" in nvml.h and are not read.
+
+Fabric registration (`nvmlDeviceGetGpuFabricInfoV`, else `nvmlDeviceGetGpuFabricInfo`): the
+probe state, and when COMPLETED its `status` (nvml.h: "Error status, if any. Must be checked
+only if state returns 'complete'") and, from v2 on, the `healthMask`; healthcheck/checks/
+fabric.py judges them.
 
 XIDs arrive on a background thread (`start()`) waiting on an NVML event set; `read()` drains
 them, each event exactly once.
@@ -110,6 +120,33 @@ _FIELD_IDS = {
     "NVLINK_ERROR_DL_CRC": 163,
     "NVLINK_ERROR_DL_REPLAY": 161,
     "NVLINK_ERROR_DL_RECOVERY": 162,
+    "NVLINK_COUNT_XMIT_PACKETS": 201,
+    "NVLINK_COUNT_RCV_PACKETS": 203,
+    "NVLINK_COUNT_MALFORMED_PACKET_ERRORS": 206,
+    "NVLINK_COUNT_BUFFER_OVERRUN_ERRORS": 207,
+    "NVLINK_COUNT_RCV_ERRORS": 208,
+    "NVLINK_COUNT_RCV_REMOTE_ERRORS": 209,
+    "NVLINK_COUNT_RCV_GENERAL_ERRORS": 210,
+    "NVLINK_COUNT_LOCAL_LINK_INTEGRITY_ERRORS": 211,
+    "NVLINK_COUNT_XMIT_DISCARDS": 212,
+    "NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS": 213,
+    "NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS": 214,
+    "NVLINK_COUNT_LINK_RECOVERY_EVENTS": 215,
+}
+# NvLinkReading attribute <- NVLink5 field (NVML_FI_DEV_NVLINK_COUNT_*), each a plain count.
+_NVLINK5_FIELDS = {
+    "tx_packets": "NVLINK_COUNT_XMIT_PACKETS",
+    "rx_packets": "NVLINK_COUNT_RCV_PACKETS",
+    "malformed_packet_errors": "NVLINK_COUNT_MALFORMED_PACKET_ERRORS",
+    "buffer_overrun_errors": "NVLINK_COUNT_BUFFER_OVERRUN_ERRORS",
+    "rx_errors": "NVLINK_COUNT_RCV_ERRORS",
+    "rx_remote_errors": "NVLINK_COUNT_RCV_REMOTE_ERRORS",
+    "rx_general_errors": "NVLINK_COUNT_RCV_GENERAL_ERRORS",
+    "local_link_integrity_errors": "NVLINK_COUNT_LOCAL_LINK_INTEGRITY_ERRORS",
+    "tx_discards": "NVLINK_COUNT_XMIT_DISCARDS",
+    "link_recovery_successful_events": "NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS",
+    "link_recovery_failed_events": "NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS",
+    "link_recovery_events": "NVLINK_COUNT_LINK_RECOVERY_EVENTS",
 }
 _GPU_FIELDS = ("PCIE_COUNT_TX_BYTES", "PCIE_COUNT_RX_BYTES", "PCIE_REPLAY_COUNTER", "MEMORY_TEMP")
 _LINK_FIELDS = (
@@ -118,6 +155,7 @@ _LINK_FIELDS = (
     "NVLINK_ERROR_DL_CRC",
     "NVLINK_ERROR_DL_REPLAY",
     "NVLINK_ERROR_DL_RECOVERY",
+    *_NVLINK5_FIELDS.values(),
 )
 _FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 _REMOTE_TYPES = {0x00: "gpu", 0x01: "ibmnpu", 0x02: "switch", 0xFF: "unknown"}
@@ -878,11 +916,18 @@ class NvmlGpuSource:
         if state != "completed":
             return FabricInfo(state=state, healthy=None)
         raw = bytes(info.clusterUuid)
+        status = int(info.status)
+        mask = getattr(info, "healthMask", None)  # nvmlGpuFabricInfo_v2 and later
         return FabricInfo(
             state=state,
-            healthy=int(info.status) == self._codes.success,
+            healthy=status == self._codes.success,
             clique_id=int(info.cliqueId),
+            # all zero on a single-node NVSwitch fabric (HGX Hopper): no multi-node cluster
             cluster_uuid=str(uuidlib.UUID(bytes=raw)) if any(raw) else None,
+            status="NVML_SUCCESS"
+            if status == self._codes.success
+            else self._codes.names.get(status, f"NVML_ERROR_CODE_{status}"),
+            health_mask=None if mask is None else int(mask),
         )
 
     def _profiling(self, dev: _Device) -> Mapping[str, float] | None:
@@ -968,6 +1013,10 @@ class NvmlGpuSource:
                     crc_data_errors=None if crc_data is _NA else int(crc_data),
                     replay_errors=_int(fields.get((f["NVLINK_ERROR_DL_REPLAY"], link))),
                     recovery_errors=_int(fields.get((f["NVLINK_ERROR_DL_RECOVERY"], link))),
+                    **{
+                        attr: _int(fields.get((f[name], link)))
+                        for attr, name in _NVLINK5_FIELDS.items()
+                    },
                     remote_pci_bus_id=remote_bus,
                     remote_device_type=remote_type,
                 )

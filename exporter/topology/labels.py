@@ -34,6 +34,13 @@ ULTRASERVER_KEY = "topology.k8s.aws/ultraserver-id"
 INSTANCE_TYPE_KEY = "node.kubernetes.io/instance-type"
 # HyperPod's health agent marks nodes here before it reboots or replaces them.
 HEALTH_STATUS_KEY = "sagemaker.amazonaws.com/node-health-status"
+# HyperPod's deep health check (DCGM level 4, EFA, NCCL) on this node: InProgress, Passed or
+# Failed (sagemaker-hyperpod-eks-resiliency-node-labels). Absent when none ever ran.
+DEEP_HEALTH_CHECK_KEY = "sagemaker.amazonaws.com/deep-health-check-status"
+DEEP_HEALTH_PASSED = "Passed"
+DEEP_HEALTH_UNAVAILABLE: frozenset[str] = frozenset({"InProgress", "Failed"})
+# The provider id EKS and HyperPod give a Node: aws:///<zone>/<instance id>.
+PROVIDER_ID_PREFIX = "aws:///"
 _LEGACY_INSTANCE_TYPE_KEY = "beta.kubernetes.io/instance-type"
 
 LABEL_KEY_OF_LEVEL: dict[str, str] = {

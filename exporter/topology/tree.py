@@ -56,7 +56,9 @@ class DomainUsage:
     `free` is the sum over the domain's schedulable nodes of max(0, allocatable - used): GPUs on
     cordoned or unhealthy nodes are not free, and an over-committed node does not eat into its
     neighbours' free GPUs, which is why it is kept rather than derived from the other totals.
-    `unschedulable` is the allocatable GPUs on unschedulable nodes. `parent` is the domain id
+    `unschedulable` is the allocatable GPUs on unschedulable nodes; `unavailable` the
+    allocatable GPUs on nodes out for a deep health check or an EC2 scheduled event (never free,
+    and not counted again as unschedulable: the two are disjoint). `parent` is the domain id
     one level up, "" when the node labels skip that level, None at the top and for UltraServers.
     """
 
@@ -68,6 +70,7 @@ class DomainUsage:
     used: int
     unschedulable: int
     free: int
+    unavailable: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,7 @@ class _Domain:
         "level",
         "members",
         "parents",
+        "unavailable",
         "unschedulable",
         "used",
     )
@@ -117,6 +121,7 @@ class _Domain:
         self.allocatable = 0
         self.used = 0
         self.unschedulable = 0
+        self.unavailable = 0
         self.free = 0
         # Nodes reaching this domain through each parent id; more than one only when labels
         # disagree about where a network node sits.
@@ -125,28 +130,37 @@ class _Domain:
 
 
 class _Node:
-    __slots__ = ("allocatable", "free", "links", "path", "placement", "schedulable")
+    __slots__ = ("allocatable", "available", "free", "links", "path", "placement", "schedulable")
 
     def __init__(
         self,
         placement: Placement,
         allocatable: int,
         schedulable: bool,
+        available: bool,
         path: tuple[_Domain, ...],
         links: tuple[tuple[_Domain, str, _Domain | None], ...],
     ) -> None:
         self.placement = placement
         self.allocatable = allocatable
         self.schedulable = schedulable
+        self.available = available
         self.free = 0
         self.path = path  # every domain this node counts in, its own "node" domain included
         self.links = links  # (domain, parent id, parent domain or None when the parent is "")
 
 
-def _free_of(allocatable: int, used: int, schedulable: bool) -> int:
-    if not schedulable or used >= allocatable:
+def _free_of(allocatable: int, used: int, schedulable: bool, available: bool = True) -> int:
+    if not schedulable or not available or used >= allocatable:
         return 0
     return allocatable - used
+
+
+def _split(allocatable: int, schedulable: bool, available: bool) -> tuple[int, int]:
+    """(unschedulable, unavailable) GPUs of one node: an unavailable node counts only there."""
+    if not available:
+        return 0, allocatable
+    return (0 if schedulable else allocatable), 0
 
 
 def _whole_gpus(value: object, node: str) -> int:
@@ -183,24 +197,37 @@ class TopologyTree:
     # -- updates ---------------------------------------------------------------------------
 
     def set_node(
-        self, name: str, labels: Mapping[str, str], allocatable_gpus: int, schedulable: bool
+        self,
+        name: str,
+        labels: Mapping[str, str],
+        allocatable_gpus: int,
+        schedulable: bool,
+        available: bool = True,
     ) -> None:
-        """Add or update a node; a node whose labels changed moves with its capacity and use."""
+        """Add or update a node; a node whose labels changed moves with its capacity and use.
+
+        `available` False: the node is in a deep health check or has EC2 maintenance ahead;
+        its GPUs count as unavailable, never free."""
         if not isinstance(name, str) or not name:
             log.warning("ignoring a node with no usable name: %r", name)
             return
         placement = Placement.from_labels(labels)
         allocatable = _whole_gpus(allocatable_gpus, name)
         schedulable = bool(schedulable)
+        available = bool(available)
         node = self._nodes.get(name)
         if node is not None:
             if node.placement == placement:
-                if node.allocatable != allocatable or node.schedulable != schedulable:
-                    self._reweigh(name, node, allocatable, schedulable)
+                if (
+                    node.allocatable != allocatable
+                    or node.schedulable != schedulable
+                    or node.available != available
+                ):
+                    self._reweigh(name, node, allocatable, schedulable, available)
                     self._version += 1
                 return
             self._detach(name, node)
-        self._nodes[name] = self._attach(name, placement, allocatable, schedulable)
+        self._nodes[name] = self._attach(name, placement, allocatable, schedulable, available)
         self._version += 1
 
     def remove_node(self, name: str) -> None:
@@ -231,7 +258,7 @@ class TopologyTree:
         if record is None:
             return
         delta_used = new - old
-        free = _free_of(record.allocatable, new, record.schedulable)
+        free = _free_of(record.allocatable, new, record.schedulable, record.available)
         delta_free = free - record.free
         record.free = free
         for domain in record.path:
@@ -313,7 +340,7 @@ class TopologyTree:
         return None if found is None else found.domains.get(domain)
 
     def _attach(
-        self, name: str, placement: Placement, allocatable: int, schedulable: bool
+        self, name: str, placement: Placement, allocatable: int, schedulable: bool, available: bool
     ) -> _Node:
         path: list[_Domain] = []
         links: list[tuple[_Domain, str, _Domain | None]] = []
@@ -338,14 +365,15 @@ class TopologyTree:
             path.append(self._domain_or_new(ULTRASERVER, placement.ultraserver))
 
         used = self._used.get(name, 0)
-        node = _Node(placement, allocatable, schedulable, tuple(path), tuple(links))
-        node.free = _free_of(allocatable, used, schedulable)
-        unschedulable = 0 if schedulable else allocatable
+        node = _Node(placement, allocatable, schedulable, available, tuple(path), tuple(links))
+        node.free = _free_of(allocatable, used, schedulable, available)
+        unschedulable, unavailable = _split(allocatable, schedulable, available)
         for domain in node.path:
             domain.members[name] = None
             domain.allocatable += allocatable
             domain.used += used
             domain.unschedulable += unschedulable
+            domain.unavailable += unavailable
             domain.free += node.free
             self._free_changed(domain, node.free)  # also offers a new domain as the best
         for domain, pid, parent in node.links:
@@ -356,7 +384,7 @@ class TopologyTree:
 
     def _detach(self, name: str, node: _Node) -> None:
         used = self._used.get(name, 0)
-        unschedulable = 0 if node.schedulable else node.allocatable
+        unschedulable, unavailable = _split(node.allocatable, node.schedulable, node.available)
         for domain, pid, parent in node.links:
             _decrement(domain.parents, pid)
             if parent is not None:
@@ -366,6 +394,7 @@ class TopologyTree:
             domain.allocatable -= node.allocatable
             domain.used -= used
             domain.unschedulable -= unschedulable
+            domain.unavailable -= unavailable
             domain.free -= node.free
             if node.free:
                 self._free_changed(domain, -node.free)
@@ -375,18 +404,23 @@ class TopologyTree:
                 if level.best is domain:
                     level.best, level.best_known = None, False
 
-    def _reweigh(self, name: str, node: _Node, allocatable: int, schedulable: bool) -> None:
+    def _reweigh(
+        self, name: str, node: _Node, allocatable: int, schedulable: bool, available: bool
+    ) -> None:
         """Capacity or schedulability changed in place: shift the difference along the path."""
-        free = _free_of(allocatable, self._used.get(name, 0), schedulable)
+        free = _free_of(allocatable, self._used.get(name, 0), schedulable, available)
         delta_allocatable = allocatable - node.allocatable
-        delta_unschedulable = (0 if schedulable else allocatable) - (
-            0 if node.schedulable else node.allocatable
-        )
+        new_split = _split(allocatable, schedulable, available)
+        old_split = _split(node.allocatable, node.schedulable, node.available)
+        delta_unschedulable = new_split[0] - old_split[0]
+        delta_unavailable = new_split[1] - old_split[1]
         delta_free = free - node.free
         node.allocatable, node.schedulable, node.free = allocatable, schedulable, free
+        node.available = available
         for domain in node.path:
             domain.allocatable += delta_allocatable
             domain.unschedulable += delta_unschedulable
+            domain.unavailable += delta_unavailable
             if delta_free:
                 domain.free += delta_free
                 self._free_changed(domain, delta_free)
@@ -459,13 +493,15 @@ def _view(domain: _Domain) -> DomainUsage:
         used=domain.used,
         unschedulable=domain.unschedulable,
         free=domain.free,
+        unavailable=domain.unavailable,
     )
 
 
 def render_tree(tree: TopologyTree, level_limit: str | None = None) -> list[dict[str, Any]]:
     """A JSON-friendly nested view of the tree, for /api/v1/topology.
 
-    Each entry is {level, domain, nodes, allocatable, used, unschedulable, free, children}.
+    Each entry is {level, domain, nodes, allocatable, used, unschedulable, unavailable, free,
+    children}.
     Roots are the regions plus any domain whose parent label is missing, so every domain is
     shown. `level_limit` is the deepest level to show (e.g. "network-node-layer-3" to leave out
     the instances; their GPUs still count above). UltraServers are a flat grouping, not part of
@@ -492,6 +528,7 @@ def render_tree(tree: TopologyTree, level_limit: str | None = None) -> list[dict
             "allocatable": domain.allocatable,
             "used": domain.used,
             "unschedulable": domain.unschedulable,
+            "unavailable": domain.unavailable,
             "free": domain.free,
             "children": children,
         }

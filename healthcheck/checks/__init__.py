@@ -12,7 +12,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from exporter.snapshot import NodeSnapshot
-from healthcheck.checks import efa, inventory, memory, numa, nvlink, pcie, rootfs, thermal, xid
+from healthcheck.checks import (
+    custom,
+    efa,
+    fabric,
+    inventory,
+    memory,
+    numa,
+    nvlink,
+    pcie,
+    rootfs,
+    thermal,
+    xid,
+)
 from healthcheck.checks.base import History
 from healthcheck.config import HealthConfig
 from healthcheck.findings import Finding
@@ -24,11 +36,13 @@ FAMILIES: tuple[tuple[str, Check], ...] = (
     ("memory", memory.check),
     ("inventory", inventory.check),
     ("nvlink", nvlink.check),
+    ("fabric", fabric.check),
     ("pcie", pcie.check),
     ("thermal", thermal.check),
     ("efa", efa.check),
     ("numa", numa.check),
     ("rootfs", rootfs.check),
+    ("custom", custom.check),
 )
 
 __all__ = ["FAMILIES", "CheckRun", "History", "run_check_families", "run_checks"]

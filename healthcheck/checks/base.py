@@ -21,6 +21,8 @@ class History:
     onset: Mapping[tuple[str, str], float] = field(default_factory=dict)  # key -> first seen
     known_gpus: frozenset[int] = frozenset()  # GPU indexes seen since the agent started
     known_efa: frozenset[str] = frozenset()  # EFA devices seen since the agent started
+    # GPU UUID -> when the agent first read that GPU (up), for start-up grace periods
+    gpu_first_seen: Mapping[str, float] = field(default_factory=dict)
     xids: XidMemory = field(default_factory=XidMemory)
 
     def first_seen(self, check: str, component: str, now: float) -> float:

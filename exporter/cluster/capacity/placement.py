@@ -136,6 +136,8 @@ ExclusionCause = Literal[
     "flavor",  # the flavor's nodeLabels do not select the node
     "topology-label",  # the node lacks a label of the flavor's Topology levels
     "flavor-taint",  # the flavor's own nodeTaints are not tolerated: no node of it is usable
+    "deep-health-check",  # HyperPod deep health check InProgress, Failed or unreadable
+    "scheduled-event",  # EC2 maintenance, reboot or retirement due on its instance
     "cordoned",  # spec.unschedulable
     "unhealthy",  # HyperPod's health agent marked it Unschedulable*
     "not-ready",  # Ready is not True
@@ -147,6 +149,8 @@ _CAUSE_WORDS: Final[Mapping[str, str]] = {
     "flavor": "not selected by the flavor",
     "topology-label": "missing a Topology level label",
     "flavor-taint": "behind the flavor's untolerated nodeTaints",
+    "deep-health-check": "in a deep health check",
+    "scheduled-event": "with an EC2 scheduled event",
     "cordoned": "cordoned",
     "unhealthy": "marked Unschedulable by HyperPod",
     "not-ready": "not Ready",
@@ -217,6 +221,9 @@ def screen_nodes(
        the others (tas_nodes_cache.go `sync`; "Capacity calculation" in Kueue's
        site/content/en/docs/concepts/topology_aware_scheduling.md). `Node.schedulable` also
        counts HyperPod's Unschedulable* health label, which HyperPod backs with a taint.
+       Before that, topowatch's own rule: a node in a deep health check (InProgress, Failed or
+       unreadable) or with an EC2 scheduled event due (`Node.unavailable`) is left out, since
+       its GPUs are not capacity a job can count on, whatever Kubernetes says.
     4. Every NoSchedule/NoExecute node taint must be tolerated by the pod's tolerations plus
        the flavor's (`untolerated_taint`; scheduling_simulator_default.go step 1).
     5. The pod's nodeSelector must match the node's labels (step 2 there, and kube-scheduler).
@@ -243,7 +250,7 @@ def screen_nodes(
                 excluded.append(Exclusion(node.name, "flavor", selected))
                 break
         else:
-            if plain and node.schedulable and not node.taints:
+            if plain and node.schedulable and not node.taints and not node.unavailable:
                 usable.add(node.name)
                 continue
             found = _exclusion(node, levels, flavor_block, all_tolerations, selector)
@@ -269,6 +276,8 @@ def _exclusion(
         return "topology-label", f"no {', '.join(missing)}"
     if flavor_block is not None:
         return "flavor-taint", f"nodeTaint {_taint_text(flavor_block)} not tolerated"
+    if node.unavailable:
+        return node.unavailable, node.unavailable_detail
     if not node.schedulable:
         if node.cordoned:
             return "cordoned", ""
@@ -316,13 +325,15 @@ class NodeFreeMap:
     def from_nodes(
         cls, nodes: Iterable[Node] | Mapping[str, Node], used: Mapping[str, int] | None = None
     ) -> NodeFreeMap:
-        """Free GPUs = allocatable - used on schedulable nodes, 0 elsewhere (as the tree)."""
+        """Free GPUs = allocatable - used on schedulable, available nodes, 0 elsewhere (as the
+        tree)."""
         used = used or {}
         free: dict[str, int] = {}
         places: dict[str, Placement] = {}
         for node in nodes.values() if isinstance(nodes, Mapping) else nodes:
             left = node.allocatable_gpus - used.get(node.name, 0)
-            free[node.name] = left if node.schedulable and left > 0 else 0
+            usable = node.schedulable and not node.unavailable
+            free[node.name] = left if usable and left > 0 else 0
             places[node.name] = Placement.from_labels(dict(node.labels))
         return cls(free, places)
 

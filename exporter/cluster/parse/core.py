@@ -23,7 +23,13 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from exporter.cluster.objects import GPU_RESOURCE, KubeEvent, Node, Pod, Taint, Toleration
-from exporter.topology.labels import HEALTH_STATUS_KEY
+from exporter.topology.labels import (
+    DEEP_HEALTH_CHECK_KEY,
+    DEEP_HEALTH_PASSED,
+    DEEP_HEALTH_UNAVAILABLE,
+    HEALTH_STATUS_KEY,
+    PROVIDER_ID_PREFIX,
+)
 from healthcheck.findings import HEALTH_CONDITION
 
 log = logging.getLogger(__name__)
@@ -385,6 +391,12 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
                 condition_note = _unhealthy_note(cond)
         cordoned = flag(spec.get("unschedulable"), "spec.unschedulable", notes, False)
         health = labels.get(HEALTH_LABEL, "")
+        deep_health = labels.get(DEEP_HEALTH_CHECK_KEY, "")
+        deep_health_blocks = deep_health in DEEP_HEALTH_UNAVAILABLE
+        if deep_health and not deep_health_blocks and deep_health != DEEP_HEALTH_PASSED:
+            # Unreadable: not counted free, since a check may be running.
+            notes.append(f"unknown {DEEP_HEALTH_CHECK_KEY} value {deep_health[:64]!r}")
+            deep_health_blocks = True
         node = Node(
             name=text(meta.get("name"), "metadata.name", notes),
             labels=tuple(sorted(labels.items())),
@@ -394,12 +406,23 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
             condition_note=condition_note,
             taints=taints(spec.get("taints"), "spec.taints", notes),
             cordoned=cordoned,
+            deep_health=deep_health,
+            deep_health_blocks=deep_health_blocks,
+            instance_id=instance_id_of(spec.get("providerID")),
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")
         node = Node(name="", labels=(), allocatable_gpus=0, schedulable=False, health="")
     report("Node", obj, notes, problems)
     return node
+
+
+def instance_id_of(provider_id: object) -> str:
+    """The EC2 instance id in a Node's spec.providerID (aws:///us-east-1a/i-0abc...), else ""."""
+    if not isinstance(provider_id, str) or not provider_id.startswith(PROVIDER_ID_PREFIX):
+        return ""
+    last = provider_id.rsplit("/", 1)[-1]
+    return last if last.startswith("i-") else ""
 
 
 def _unhealthy_note(cond: Mapping[str, Any]) -> str:

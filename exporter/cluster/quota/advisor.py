@@ -244,6 +244,7 @@ def _nominal_recs(
     recs: list[Recommendation] = []
     for flavor, names in sorted(by_flavor.items()):
         capacity = flavor_capacity(model, flavor)
+        unavailable = flavor_unavailable(model, flavor)
         asked = {n: wants[n].target for n in names}
         budget = max(0, capacity - held.get(flavor, 0))
         capped = capacity > 0 and sum(asked.values()) > budget
@@ -253,15 +254,27 @@ def _nominal_recs(
             rec = _nominal_rec(wants[name], name, granted[name], capped, config)
             if rec is None:
                 continue
+            if unavailable and rec.reason == NOMINAL_IDLE:
+                note = (
+                    f"{unavailable} GPUs of {flavor} are unavailable now (deep health check or "
+                    "EC2 scheduled event): part of the idle quota may be capacity it could not use"
+                )
+                rec = replace(
+                    rec,
+                    detail=f"{rec.detail}; {note}" if rec.detail else note,
+                    evidence={**rec.evidence, "flavor_unavailable_gpus": float(unavailable)},
+                )
             if capped:
                 total = sum(asked.values()) + held.get(flavor, 0)
+                out_now = f" ({unavailable} of them unavailable now)" if unavailable else ""
                 share = (
-                    f"{flavor} has {capacity} GPUs and the queues ask for {total}; "
+                    f"{flavor} has {capacity} GPUs{out_now} and the queues ask for {total}; "
                     f"by fair-share weight {weights[name]:g} its share is {rec.recommended}"
                 )
                 evidence = {
                     **rec.evidence,
                     "capacity_gpus": float(capacity),
+                    "unavailable_gpus": float(unavailable),
                     "asked_total_gpus": float(total),
                     "fair_share_weight": weights[name],
                 }
@@ -518,6 +531,9 @@ def _topology_recs(
 # Why a node a flavor selects is out of its pods' reach only for now: quota is planned for the
 # cluster's structure, not for this hour's repairs (`placement.ExclusionCause`).
 _UNDER_REPAIR = frozenset({"cordoned", "unhealthy", "not-ready"})
+# Out only while a deep health check runs (or until a failed one is dealt with) or around an EC2
+# scheduled event: capacity the cluster has, unavailable now.
+_UNAVAILABLE = frozenset({"deep-health-check", "scheduled-event"})
 
 
 def flavor_nodes(model: ClusterModel, flavor: str) -> list[Node]:
@@ -525,20 +541,42 @@ def flavor_nodes(model: ClusterModel, flavor: str) -> list[Node]:
 
     `ClusterModel.eligibility`: the flavor's nodeLabels (and its Topology's level labels) select
     them, and its pods may use them: Ready, not cordoned or marked unhealthy, every blocking
-    taint tolerated. Nodes out only for repair (cordoned, not Ready, unhealthy) count too;
-    nodes behind a taint the flavor does not tolerate do not. A flavor no ResourceFlavor
+    taint tolerated. Nodes out only for repair (cordoned, not Ready, unhealthy) or unavailable
+    for now (a deep health check, an EC2 scheduled event) count too; nodes behind a taint the
+    flavor does not tolerate do not. A flavor no ResourceFlavor
     describes selects every node, as it does for pending causes; one that selects none has
     no capacity.
     """
     eligibility = model.eligibility(flavor)
     names = set(eligibility.nodes)
-    names.update(e.node for e in eligibility.excluded if e.cause in _UNDER_REPAIR)
+    names.update(
+        e.node for e in eligibility.excluded if e.cause in _UNDER_REPAIR or e.cause in _UNAVAILABLE
+    )
     return [model.nodes[n] for n in sorted(names) if n in model.nodes]
 
 
 def flavor_capacity(model: ClusterModel, flavor: str) -> int:
-    """Allocatable GPUs of the flavor's nodes (`flavor_nodes`), cordoned ones included."""
+    """Allocatable GPUs of the flavor's nodes (`flavor_nodes`), cordoned and unavailable ones
+    included."""
     return sum(max(0, n.allocatable_gpus) for n in flavor_nodes(model, flavor))
+
+
+def flavor_unavailable(model: ClusterModel, flavor: str) -> int:
+    """Allocatable GPUs of the flavor's nodes that are unavailable now: in a deep health check
+    (or failed one) or with an EC2 scheduled event due. Part of `flavor_capacity`, never free."""
+    eligibility = model.eligibility(flavor)
+    return sum(
+        max(0, model.nodes[e.node].allocatable_gpus)
+        for e in eligibility.excluded
+        if e.cause in _UNAVAILABLE and e.node in model.nodes
+    )
+
+
+def _plannable_nodes(model: ClusterModel, flavor: str) -> frozenset[str]:
+    """The nodes a flavor's pods may use, plus those unavailable only for now."""
+    eligibility = model.eligibility(flavor)
+    back = [e.node for e in eligibility.excluded if e.cause in _UNAVAILABLE]
+    return eligibility.nodes | frozenset(back) if back else eligibility.nodes
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -568,8 +606,9 @@ class _PodShape:
 
 class ShapeCapacity:
     """Whether a job shape can ever be placed: Kueue's TAS rules (`placement.fit`) on the
-    nodes each flavor's pods may use (`ClusterModel.eligibility`), with every GPU of them free,
-    so what is running now does not count. Answers are cached for one advice run."""
+    nodes each flavor's pods may use (`ClusterModel.eligibility`, plus those out only for a deep
+    health check or an EC2 scheduled event), with every GPU of them free, so what is running
+    or being checked now does not count. Answers are cached for one advice run."""
 
     def __init__(self, model: ClusterModel) -> None:
         self._model = model
@@ -596,7 +635,7 @@ class ShapeCapacity:
         if found is None:
             found = self._fits[key] = fit(
                 self._capacity(),
-                self._model.eligibility(flavor).nodes,
+                _plannable_nodes(self._model, flavor),
                 level_key,
                 shape.pods,
                 shape.gpus_per_pod,

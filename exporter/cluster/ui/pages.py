@@ -56,12 +56,15 @@ svg text{font:12px system-ui,sans-serif} .domain-title{font-weight:600}
 
 
 def unhealthy_reason(node: Node) -> str:
-    """HyperPod's Unschedulable* health label and our TopowatchHealthy=False, joined."""
+    """HyperPod's Unschedulable* health label, our TopowatchHealthy=False and why the node is
+    unavailable (deep health check, EC2 scheduled event), joined."""
     reasons = []
     if node.health.startswith("Unschedulable"):
         reasons.append(f"HyperPod {node.health}")
     if node.condition_note:
         reasons.append(node.condition_note)
+    if node.unavailable:
+        reasons.append(f"unavailable: {node.unavailable_detail}")
     return "; ".join(reasons)
 
 

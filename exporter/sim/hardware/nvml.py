@@ -54,14 +54,38 @@ NO_INSTANCE = 0xFFFFFFFF
 # Field ids served, and the value type each is returned as.
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 _UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
-_LINK_FIELDS = frozenset(
-    {
-        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-        pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
-        pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
-        pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
-        pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
-    }
+# NVLink5's per-link counters (NVML_FI_DEV_NVLINK_COUNT_*), served on Blackwell only, with the
+# rate each rises at under `nvlink-crc` (a bad link: received packets in error, the local error
+# threshold crossed now and then, and the recoveries that follow, all succeeding).
+_NVLINK5_ERROR_RATES = {
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_MALFORMED_PACKET_ERRORS: 0.0,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_BUFFER_OVERRUN_ERRORS: 0.0,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS: 3000.0,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_RCV_REMOTE_ERRORS: 0.0,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_RCV_GENERAL_ERRORS: 0.0,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LOCAL_LINK_INTEGRITY_ERRORS: 0.2,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_XMIT_DISCARDS: 0.0,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS: 0.2,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS: 0.0,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS: 0.2,
+}
+_NVLINK5_PACKET_FIELDS = {  # field -> direction share, as the throughput fields
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_XMIT_PACKETS: 1.0,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_RCV_PACKETS: 0.97,
+}
+_NVLINK5_FIELDS = frozenset(_NVLINK5_ERROR_RATES) | frozenset(_NVLINK5_PACKET_FIELDS)
+_NVLINK5_PACKET_BYTES = 256  # average NVLink5 packet payload the simulation assumes
+_LINK_FIELDS = (
+    frozenset(
+        {
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
+        }
+    )
+    | _NVLINK5_FIELDS
 )
 _DL_ERROR_FIELDS = frozenset(
     {
@@ -190,7 +214,7 @@ class SimulatedNvml:
         self._initialized = 0
         self._blackwell = "GB200" in profile.gpu_model or "B200" in profile.gpu_model
         self._unsupported = _ALWAYS_UNSUPPORTED | frozenset(unsupported)
-        default_fields = _DL_ERROR_FIELDS if self._blackwell else frozenset()
+        default_fields = _DL_ERROR_FIELDS if self._blackwell else _NVLINK5_FIELDS
         self._unsupported_fields = default_fields | frozenset(unsupported_fields)
         self._gpus = self._build_gpus(profile, seed)
         self._by_id = {id(g.handle): g for g in self._gpus}
@@ -548,7 +572,7 @@ class SimulatedNvml:
         return int(pynvml.NVML_SUCCESS)
 
     def _fabric(self, name: str, device: Any, out: Any) -> None:
-        self._device(name, device)
+        gpu = self._device(name, device)
         if not self.profile.supports_fabric:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         info = _target(out)
@@ -556,14 +580,28 @@ class SimulatedNvml:
         domain = labels.get("topology.k8s.aws/ultraserver-id", self.profile.instance_type)
         cluster = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{domain}.fabric").bytes
         info.clusterUuid[:] = list(cluster)
-        info.status = pynvml.NVML_SUCCESS
+        degraded = self._has("fabric-degraded", gpu.index)
+        # A failed probe as NVML reports it: COMPLETED with the failure in `status` (nvml.h:
+        # "Error status, if any. Must be checked only if state returns 'complete'"), the
+        # status seen on real nodes whose fabric failed (INSUFFICIENT_RESOURCES), and the route
+        # to the fabric marked unhealthy in the v2 health mask.
+        info.status = pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES if degraded else pynvml.NVML_SUCCESS
         info.cliqueId = 32766
         info.state = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
         names = {f[0] for f in info._fields_}
         if "healthMask" in names:
-            info.healthMask = 0
+            info.healthMask = (
+                pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE
+                << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY
+                if degraded
+                else 0
+            )
         if "healthSummary" in names:
-            info.healthSummary = pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+            info.healthSummary = (
+                pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY
+                if degraded
+                else pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+            )
 
     # ----- NVLink --------------------------------------------------------------------------------
 
@@ -673,6 +711,12 @@ class SimulatedNvml:
             return _ULL, self._link_kib(gpu, scope, 0.97, now, done)
         if fid in _DL_ERROR_FIELDS:
             return _ULL, self._link_errors(gpu, fid, scope, now)
+        if fid in _NVLINK5_PACKET_FIELDS:
+            kib = self._link_kib(gpu, scope, _NVLINK5_PACKET_FIELDS[fid], now, done)
+            return _ULL, kib * 1024 // _NVLINK5_PACKET_BYTES
+        if fid in _NVLINK5_ERROR_RATES:
+            began = self._since("nvlink-crc", gpu.index, scope) if self._faults else None
+            return _ULL, 0 if began is None else int(_NVLINK5_ERROR_RATES[fid] * (now - began))
         if fid == pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
             return _ULL, int(3e9 * done)
         if fid == pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
