@@ -223,14 +223,6 @@ def pending_cause(
     )
 
 
-def _blocking_request(workload: Workload) -> TopologyRequest | None:
-    """The pod set whose required topology can block admission (preferred ones fall back)."""
-    for pod_set in workload.pod_sets:
-        if pod_set.topology.mode == "required" and pod_set.topology.level:
-            return pod_set.topology
-    return None
-
-
 def workload_request(workload: Workload) -> TopologyRequest | None:
     """The topology request that describes the workload: the first pod set that has one."""
     for pod_set in workload.pod_sets:

@@ -145,7 +145,6 @@ class ClusterModel:
         self.workloads: dict[WorkloadKey, WorkloadState] = {}
         self.cluster_queues: dict[str, ClusterQueue] = {}
         self.local_queues: dict[tuple[str, str], LocalQueue] = {}
-        self.cohorts: dict[str, str] = {}  # name -> parent
         self.cohort_specs: dict[str, Cohort] = {}  # Cohort objects, with their own quotas
         self.flavors: dict[str, ResourceFlavor] = {}
         self.topologies: dict[str, KueueTopology] = {}
@@ -172,7 +171,7 @@ class ClusterModel:
         self._queues_epoch = 0  # ClusterQueues, Cohorts, ResourceFlavors
         self.reservations = ReservationBook(RELEASE_MEMORY_S)
         self._quota_cache: tuple[tuple[int, int], QuotaTree] | None = None
-        self._eligibility_cache: dict[str, tuple[int, Eligibility]] = {}
+        self._eligibility_cache: dict[str, tuple[tuple[int, int], Eligibility]] = {}
         self._quota_problems_seen: set[tuple[str, str, str]] = set()
         self._placement_cache: dict[tuple[str, Any, int, int], PlacementAnswer] = {}
         self._placement_stamp: tuple[int, int, int] | None = None
@@ -456,7 +455,6 @@ class ClusterModel:
     def _apply_cohort(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         self._queues_epoch += 1
         if event_type == "DELETED":
-            self.cohorts.pop(_name(obj), None)
             self.cohort_specs.pop(_name(obj), None)
             return
         problems: list[str] = []
@@ -464,7 +462,6 @@ class ClusterModel:
         for problem in problems:
             self._problem("Cohort", "malformed", f"{cohort.name}: {problem}")
         name = cohort.name or _name(obj)
-        self.cohorts[name] = cohort.parent
         self.cohort_specs[name] = replace(cohort, name=name)
 
     def _apply_flavor(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
@@ -929,11 +926,6 @@ class ClusterModel:
         lq = self.local_queues.get((workload.namespace, workload.queue_name))
         return lq.cluster_queue if lq is not None else ""
 
-    def cohort_members(self, cq: ClusterQueue) -> list[ClusterQueue]:
-        if not cq.cohort:
-            return [cq]
-        return [q for q in self.cluster_queues.values() if q.cohort == cq.cohort]
-
     def quota_tree(self, at: float | None = None, exclude: Iterable[WorkloadKey] = ()) -> QuotaTree:
         """Kueue's cohort forest with the quota held now, or at a past moment `at`.
 
@@ -1019,7 +1011,7 @@ class ClusterModel:
         """The nodes `flavor` selects that a pod may use now (and why the others not). A flavor
         no ResourceFlavor describes (a dump lists none) selects every node."""
         cached = self._eligibility_cache.get(flavor)
-        stamp = self._nodes_epoch * 1_000_003 + self._queues_epoch
+        stamp = (self._nodes_epoch, self._queues_epoch)
         if cached is not None and cached[0] == stamp:
             return cached[1]
         spec = self.flavors.get(flavor)
@@ -1044,20 +1036,6 @@ class ClusterModel:
             slice_level=request.slice_level,
             slice_size=request.slice_size,
         )
-
-    def headroom(self, cq_name: str) -> int | None:
-        """GPUs the queue could still admit now, over its GPU flavors (None: unknown)."""
-        cq = self.cluster_queues.get(cq_name)
-        if cq is None:
-            return None
-        tree = self.quota_tree()
-        total = 0
-        for quota in cq.gpu_quotas:
-            answer = tree.available(cq_name, quota.flavor, GPU_RESOURCE)
-            if answer.amount is None:
-                return None
-            total += answer.amount
-        return total
 
     # --- questions ------------------------------------------------------------------------
 

@@ -137,9 +137,6 @@ class ReservationBook:
         held += [r for _, k, r in self._released if k not in skip and r.holds_at(time)]
         return _sum(held)
 
-    def held_by(self, key: WorkloadKey) -> Reservation | None:
-        return self._held.get(key)
-
 
 def _sum(reservations: Iterable[Reservation]) -> dict[str, dict[FlavorResource, int]]:
     out: dict[str, dict[FlavorResource, int]] = {}

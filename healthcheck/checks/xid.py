@@ -21,7 +21,6 @@ from healthcheck.checks.xid_memory import XidRecord
 from healthcheck.config import HealthConfig
 from healthcheck.findings import ACTIONS, SEVERITIES, Finding
 
-FALLEN_OFF_THE_BUS = 79
 REBOOT_BUCKETS = frozenset(
     {
         "RESET_GPU",
@@ -38,8 +37,6 @@ QUIET_BUCKETS = frozenset({"IGNORE", "RESTART_APP", "WORKFLOW_XID_45"})
 def verdict(xid: int, app_xids: frozenset[int]) -> tuple[str, str]:
     """(severity, action) for one XID on its own."""
     info = describe(xid)
-    if xid == FALLEN_OFF_THE_BUS:
-        return "fatal", "reboot"  # the GPU is gone until then, whatever the catalog's severity
     if xid in app_xids or info.action in QUIET_BUCKETS:
         return "info", "none"
     if info.action in REBOOT_BUCKETS:
