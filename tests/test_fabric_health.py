@@ -18,6 +18,7 @@ from healthcheck.checks.fabric import failure
 from healthcheck.config import ConfigError, config_from_mapping
 from healthcheck.monitor import HealthMonitor, HealthReport
 from tests.conftest import SimHarness
+from tests.test_health_checks import with_gpu
 
 Sim = Callable[..., SimHarness]
 CLUSTER = "9c6f5af3-53bf-49b5-a436-b66766c413c3"
@@ -108,14 +109,6 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> NodeSnapshot:
         return snapshot
     finally:
         h.close()
-
-
-def with_gpu(snapshot: NodeSnapshot, index: int, **changes: object) -> NodeSnapshot:
-    gpus = tuple(
-        dataclasses.replace(g, **changes) if g.index == index else g  # type: ignore[arg-type]
-        for g in snapshot.gpu.gpus
-    )
-    return dataclasses.replace(snapshot, gpu=dataclasses.replace(snapshot.gpu, gpus=gpus))
 
 
 def judged(
