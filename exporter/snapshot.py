@@ -370,6 +370,67 @@ class CustomCheckReading:
 
 
 @dataclass(frozen=True, slots=True)
+class KernelLogRecord:
+    """One kernel log record as /dev/kmsg (`prio,seq,usec,flags;message`) or the systemd
+    journal (a `_TRANSPORT=kernel` entry) gives it. Continuation lines (` KEY=value`) dropped."""
+
+    seq: int  # the kernel's sequence number; the journal keeps none for kernel lines: -1
+    monotonic_usec: int  # microseconds since boot (CLOCK_MONOTONIC), as the kernel stamped it
+    timestamp: float  # unix seconds: boot time + monotonic_usec
+    priority: int  # syslog level, 0 (emerg) .. 7 (debug)
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLogBatch:
+    """What one non-blocking read of the kernel log returned: every record new since the last
+    read (none replayed after a restart of the agent), and what could not be had."""
+
+    records: tuple[KernelLogRecord, ...] = ()
+    dropped: int = 0  # records the kernel overwrote before they were read (EPIPE: a seq gap)
+    malformed: int = 0  # records that could not be parsed (garbage, truncated)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLogEvent:
+    """A kernel log line that matched the pattern table (exporter/data/kernel-log-patterns.csv),
+    with its device mapped to ours where it names one."""
+
+    kind: str  # xid | sxid | gpu_fallen_off_bus | efa_driver | pcie_aer | nvlink | hung_task
+    pattern: str  # the table row that matched
+    severity: str  # the row's severity (fatal | error | warning | corrected)
+    timestamp: float
+    message: str  # the line, capped
+    code: int | None = None  # the XID or SXID number
+    pci_address: str | None = None  # sysfs form, "0000:53:00.0"
+    gpu_index: int | None = None  # our GPU at that address, if it is one
+    device: str | None = None  # an EFA device, an NVSwitch, a task: what the line names
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLogCount:
+    kind: str
+    pattern: str
+    gpu: str  # GPU index, "" when the line names none of ours
+    device: str  # the line's device (PCI address, EFA device), "" when none
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLogReading:
+    """The kernel log monitor's state in one snapshot: its source, what it read since start,
+    and the events that arrived since the previous poll (the checks hold them as they hold
+    XIDs)."""
+
+    source: str  # "kmsg" | "journal" | "" (off or unavailable)
+    events: tuple[KernelLogEvent, ...] = ()  # new in this poll
+    counts: tuple[KernelLogCount, ...] = ()  # every matched line since the agent started
+    lines: int = 0  # records read since start
+    dropped: int = 0  # records the kernel overwrote before the agent read them, since start
+    malformed: int = 0  # records that could not be parsed, since start
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     """One complete poll of a node. Built by the poller, read by render and checks."""
 
@@ -387,3 +448,4 @@ class NodeSnapshot:
     last_success: float | None  # when every collector last succeeded together
     rootfs_read_only: bool | None = None
     custom_checks: tuple[CustomCheckReading, ...] = ()  # one per configured check
+    kernel_log: KernelLogReading | None = None  # None: the kernel log monitor is off

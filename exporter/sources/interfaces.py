@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from exporter.snapshot import CustomCheckReading, GpuInventory, PodRef
+from exporter.snapshot import CustomCheckReading, GpuInventory, KernelLogBatch, PodRef
 
 
 class SourceError(Exception):
@@ -58,5 +58,19 @@ class CustomCheckSource(Protocol):
     latest finished run of each configured check."""
 
     def read(self) -> tuple[CustomCheckReading, ...]: ...
+
+    def close(self) -> None: ...
+
+
+class KernelLogSource(Protocol):
+    """The kernel log: /dev/kmsg, or the systemd journal where kmsg cannot be read
+    (exporter/sources/kmsg.py). `read` never blocks: it returns the records new since the last
+    call (bounded per call), remembering where it stopped across restarts of the agent. It
+    raises `SourceError` when the log cannot be read now (a vanished device) and tries again on
+    the next call."""
+
+    name: str  # "kmsg" | "journal"
+
+    def read(self) -> KernelLogBatch: ...
 
     def close(self) -> None: ...
