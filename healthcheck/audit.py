@@ -23,6 +23,7 @@ log = logging.getLogger("topowatch.audit")
 
 EVENT_COMPONENT = "topowatch-remediation"
 EVENT_NAMESPACE = "default"  # where kubectl looks for Node events
+_WARN_LIFECYCLE = frozenset({"deep_check_failed", "deep_check_timeout"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,21 @@ class Auditor:
             self.counts[(verdict, "provider", action)] += 1
         return record
 
+    def deferred(
+        self, node: str, action: str, detail: str, at: float, first: bool
+    ) -> AuditRecord | None:
+        """An action the API will take later (a deep check while another runs on the cluster):
+        counted every time (`topowatch_remediation_decisions_total{verdict="deferred"}`), logged
+        and audited only the first time for the node until one starts (it recurs every few
+        minutes while the other check runs)."""
+        with self._lock:
+            self.counts[("deferred", "provider", action)] += 1
+        if not first:
+            return None
+        record = AuditRecord("outcome", node, "deferred", "provider", detail, at, action)
+        self._write(record, logging.WARNING)
+        return record
+
     def breaker(self, verdict: str, detail: str, at: float) -> AuditRecord:
         record = AuditRecord("breaker", "", verdict, "breaker", detail, at)
         self._write(record, logging.ERROR if verdict == "tripped" else logging.WARNING)
@@ -122,9 +138,10 @@ class Auditor:
         self, node: str, reason: str, detail: str, at: float, action: str | None = None
     ) -> AuditRecord:
         """A change to a node's state that no decision made: recovered, attempts reset, ladder
-        marks expired, the node deleted and its state dropped."""
+        marks expired, the node deleted and its state dropped, a deep check's progress and
+        verdict (deep_check_running|passed|failed|timeout; a timeout is a warning: an alert)."""
         record = AuditRecord("lifecycle", node, reason, reason, detail, at, action)
-        self._write(record, logging.INFO)
+        self._write(record, logging.WARNING if reason in _WARN_LIFECYCLE else logging.INFO)
         with self._lock:
             self.lifecycle_counts[reason] += 1
         return record
@@ -174,7 +191,8 @@ class Auditor:
             "topowatch_remediation_lifecycle",
             COUNTER,
             "Node state changes no decision made: recovered, attempts_reset, ladder_expired,"
-            " node_deleted (its state dropped).",
+            " node_deleted (its state dropped), deep_check_running|passed|failed|timeout (a"
+            " deep health check's progress and verdict; alert on timeout).",
         )
         event_failures = Family(
             "topowatch_remediation_event_write_failures",
@@ -207,8 +225,13 @@ def node_event(record: AuditRecord) -> dict[str, Any]:
         ("lifecycle", "recovered"): "RemediationRecovered",
         ("lifecycle", "attempts_reset"): "RemediationAttemptsReset",
         ("lifecycle", "ladder_expired"): "RemediationLadderExpired",
+        ("lifecycle", "deep_check_running"): "DeepHealthCheckRunning",
+        ("lifecycle", "deep_check_passed"): "DeepHealthCheckPassed",
+        ("lifecycle", "deep_check_failed"): "DeepHealthCheckFailed",
+        ("lifecycle", "deep_check_timeout"): "DeepHealthCheckTimedOut",
+        ("outcome", "deferred"): "RemediationDeferred",
     }.get((record.kind, record.verdict), "RemediationSkipped")
-    warning = record.verdict in ("act", "failed") or record.kind == "problem"
+    warning = record.verdict in ("act", "failed", *_WARN_LIFECYCLE) or record.kind == "problem"
     ladder = f" [{'; '.join(record.ladder)}]" if record.ladder else ""
     message = f"{record.action or 'no action'}: {record.reason}: {record.detail}{ladder}"
     return {

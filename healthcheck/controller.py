@@ -14,6 +14,14 @@ Nodes. An alert that ends (resolved, or its endsAt or time to live passed) withd
 asked for and is audited; a deleted node's state is audited and dropped. Every audit record about
 a known node becomes an Event in either mode; an Event that cannot be written is counted
 (`topowatch_remediation_event_write_failures_total`) and logged.
+
+The optional deep-check step: the DeepCheck record (with the node's deep-health label as it was)
+goes into the state annotation with `requested`, before the StartClusterHealthCheck call, so a
+restarted controller waits for that check instead of starting another. Each round reads the
+label back (policy.read_deep_check) and records the verdict in the annotation; only providers
+that can run a deep check take part in it. A check the API defers (ConflictException: another
+on-demand check runs on the cluster) is not an attempt: counted, logged once per node until a
+check starts, asked again after deep_check.retry_seconds.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from exporter.exposition import GAUGE, HISTOGRAM, Family
+from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY
 from healthcheck.actions.base import ActionRequest, ActionResult, Provider, executable
 from healthcheck.alerts import AlertSignal, ParsedAlerts
 from healthcheck.audit import Auditor, AuditRecord, node_event
@@ -47,6 +56,7 @@ from healthcheck.policy import (
     decide,
     live_marks,
     mark_ladder,
+    read_deep_check,
     record_onsets,
     reset_breaker,
     settle,
@@ -56,6 +66,7 @@ from healthcheck.provenance import screen_node
 from healthcheck.state import (
     ACTIONS,
     Action,
+    DeepCheck,
     LadderMark,
     RemediationState,
     dump_state,
@@ -88,6 +99,7 @@ class NodeReport:
     state_problem: str | None
     problems: tuple[str, ...]
     findings: tuple[Finding, ...] = ()  # the actionable findings that ask for an action
+    deep_health: str = ""  # sagemaker.amazonaws.com/deep-health-check-status, "" when absent
 
 
 def read_node(obj: Mapping[str, Any]) -> NodeReport | None:
@@ -124,6 +136,7 @@ def read_node(obj: Mapping[str, Any]) -> NodeReport | None:
         state_problem=state_problem,
         problems=tuple(problems),
         findings=tuple(acting),
+        deep_health=str(labels.get(DEEP_HEALTH_CHECK_KEY) or ""),
     )
 
 
@@ -185,9 +198,11 @@ class _NodeView:
         """What the node asks for now: its findings' ladder steps and its firing alerts."""
         marks = state.ladder if state is not None else ()
         busy = state is not None and state.is_active(now, active_timeout_s)
-        rungs = climb(self.report.findings, marks, ladder, now, busy)
+        deep = state.deep_check if state is not None else None
+        rungs = climb(self.report.findings, marks, ladder, now, busy, deep)
         firing = [a for a in self.alerts.values() if a.action is not None]
-        action = strongest([*(r.action for r in rungs), *(a.action for a in firing)])
+        asking = [r.action for r in rungs if not r.hold]
+        action = strongest([*asking, *(a.action for a in firing)])
         reasons = self.report.reasons + tuple(sorted(f"alert:{a.name}" for a in firing))
         return NodeRequest(
             self.report.name,
@@ -197,6 +212,7 @@ class _NodeView:
             self.report.opted_out,
             self.report.hyperpod_status,
             rungs,
+            holding=any(r.hold for r in rungs),
         )
 
     def onset(self) -> float | None:
@@ -233,6 +249,7 @@ class RemediationController:
         self._dirty: set[str] = set()
         self._unwritten: list[tuple[str, RemediationState]] = []
         self._last_recheck = 0.0
+        self._deferred: set[str] = set()  # nodes whose deferred deep check was logged already
         self.breaker = Breaker()
         self.suppressed_repeats = 0
         # Seconds from a failure's first sighting on the node to the provider call, per action.
@@ -484,6 +501,8 @@ class RemediationController:
             if view is None:
                 continue
             state = self._states.get(name)
+            if state is not None and state.deep_check_waiting():
+                state = self._read_deep_check(name, state, view.report.deep_health, now, records)
             request = view.request(self.config.ladder, state, now, self.config.active_timeout_s)
             before = self._requested.get(name)
             self._requested[name] = request.action
@@ -531,6 +550,21 @@ class RemediationController:
         acts = [(d, self._views[d.node]) for d in decisions if d.verdict == "act"]
         return audited, acts
 
+    def _read_deep_check(
+        self, name: str, state: RemediationState, label: str, now: float, records: list[AuditRecord]
+    ) -> RemediationState:
+        """A waiting deep check against the node's label now; a change is written and audited."""
+        updated, change, detail = read_deep_check(state, label, now, self.config)
+        if not change:
+            return state
+        self._states[name] = updated
+        if self.config.mode == "act":  # observe writes nothing to Nodes (a check left from act)
+            self._unwritten.append((name, updated))
+        records.append(self.auditor.lifecycle(name, change, detail, now, "deep-check"))
+        if change == "deep_check_timeout":
+            log.warning("deep health check of %s timed out: %s", name, detail)
+        return updated
+
     def _audit(self, decision: Decision, records: list[AuditRecord]) -> bool:
         """Audit a decision unless it repeats the node's last one (skips recur every round)."""
         key = (decision.verdict, decision.reason, decision.action)
@@ -551,7 +585,8 @@ class RemediationController:
     ) -> None:
         """Bring the node's state up to now (policy.settle); audit what people want to know."""
         pending = request.hyperpod_status in HYPERPOD_PENDING
-        settled, changes = settle(state, request.action is not None, pending, now, self.config)
+        requesting = request.action is not None or request.holding
+        settled, changes = settle(state, requesting, pending, now, self.config)
         if not changes:
             return
         self._states[name] = settled
@@ -590,21 +625,33 @@ class RemediationController:
         priors: dict[str, tuple[LadderMark, ...]] = {}
         rungs: dict[str, tuple[Rung, ...]] = {}
         ladder = self.config.ladder
+        prior_states: dict[str, RemediationState | None] = {}
         for decision, view in acts:
             assert decision.action is not None
             with self._lock:
                 prior = self._states.get(decision.node)
+            prior_states[decision.node] = prior
             priors[decision.node] = prior.ladder if prior is not None else ()
             rungs[decision.node] = decision.rungs
+            checking = decision.action == "deep-check"
+            attempts = prior.attempts if prior is not None else 0
             state = RemediationState(
                 action=decision.action,
                 started_at=now,
                 provider=",".join(p.name for p in self.providers) or "none",
-                attempts=(prior.attempts + 1) if prior is not None else 1,
+                # A deep check mends nothing: not an attempt (so reboot, deep-check, replace
+                # still fits in max_attempts 3, and a deferred check costs nothing).
+                attempts=attempts if checking else attempts + 1,
                 outcome="requested",
                 # Marked before the call: after a crash here the step counts as taken.
                 ladder=mark_ladder(
                     priors[decision.node], decision.rungs, decision.action, ladder, now
+                ),
+                # Before the call, with the label as it is now: a restart waits for this check.
+                deep_check=(
+                    DeepCheck(now, self._deep_checks(), view.report.deep_health)
+                    if checking
+                    else (prior.deep_check if prior is not None else None)
                 ),
             )
             if not self._store(decision.node, state, now, records):
@@ -633,6 +680,8 @@ class RemediationController:
             answered: list[ActionResult] = []
             for request in ready:
                 doing = executable(request.action, provider)
+                if doing is None and request.action == "deep-check" and self._deep_checks():
+                    continue  # others run it; a label or a cordon has nothing to add to a check
                 if doing is None:
                     answered.append(ActionResult(request.node, False, f"cannot {request.action}"))
                 else:
@@ -663,6 +712,10 @@ class RemediationController:
             got = results[request.node]
             ok = bool(got) and all(r.ok for r in got)
             detail = "; ".join(r.detail for r in got) or "no provider configured"
+            if got and not ok and all(r.ok or r.deferred for r in got):
+                self._defer(request.node, prior_states[request.node], detail, now, records)
+                continue
+            self._deferred.discard(request.node)
             did = strongest(performed[request.node])
             # The ladder records what some provider did; with none, the step was not taken and
             # is tried again (after the cooldown), not skipped.
@@ -678,8 +731,49 @@ class RemediationController:
             )
             if ok:
                 final = replace(final, finished_at=None)
+            elif request.action == "deep-check":  # no check started: the last one stands
+                prior = prior_states[request.node]
+                final = replace(final, deep_check=prior.deep_check if prior else None)
             self._store(request.node, final, now, records)
             records.append(self.auditor.outcome(request.node, request.action, ok, detail, now))
+
+    def _deep_checks(self) -> tuple[str, ...]:
+        """The deep health checks the providers that can run one ask for (empty: none can)."""
+        checks: list[str] = []
+        for provider in self.providers:
+            if executable("deep-check", provider) is not None:
+                asked = getattr(provider, "deep_checks", None) or ("requested",)
+                checks += [c for c in asked if c not in checks]
+        return tuple(checks)
+
+    def _defer(
+        self,
+        node: str,
+        prior: RemediationState | None,
+        detail: str,
+        now: float,
+        records: list[AuditRecord],
+    ) -> None:
+        """A deep check the API will not start yet: back to where the node stood, outcome
+        `deferred` (asked again after deep_check.retry_seconds; not an attempt, no cooldown, no
+        budget), counted every time, logged once until a check starts."""
+        with self._lock:
+            state = self._states[node]
+        deferred = replace(
+            state,
+            outcome="deferred",
+            finished_at=now,
+            message=detail[:500],
+            attempts=prior.attempts if prior is not None else 0,
+            ladder=live_marks(prior.ladder, self.config.ladder, now) if prior is not None else (),
+            deep_check=prior.deep_check if prior is not None else None,
+        )
+        self._store(node, deferred, now, records)
+        first = node not in self._deferred
+        self._deferred.add(node)
+        record = self.auditor.deferred(node, "deep-check", detail, now, first)
+        if record is not None:
+            records.append(record)
 
     def _store(
         self, node: str, state: RemediationState, now: float, records: list[AuditRecord]
@@ -744,6 +838,12 @@ class RemediationController:
                 "max_attempts": self.config.max_attempts,
                 "healthy_reset_seconds": self.config.healthy_reset_s,
                 "alert_ttl_seconds": self.config.alert_ttl_s,
+            },
+            "deep_check": {
+                "timeout_seconds": self.config.deep_check_timeout_s,
+                "on_timeout": self.config.deep_check_on_timeout,
+                "retry_seconds": self.config.deep_check_retry_s,
+                "checks": list(self._deep_checks()),
             },
             "ladder": self.config.ladder.as_list(),
             "nodes": nodes,
@@ -819,6 +919,20 @@ def _state_dict(state: RemediationState, config: PolicyConfig) -> dict[str, Any]
         "finished_at": state.finished_at,
         "message": state.message,
         "healthy_since": healthy,
+        "deep_check": None
+        if state.deep_check is None
+        else {
+            "started_at": state.deep_check.started_at,
+            "checks": list(state.deep_check.checks),
+            "label_before": state.deep_check.before or None,
+            "seen_in_progress": state.deep_check.seen_in_progress,
+            "verdict": state.deep_check.verdict or None,
+            "verdict_at": state.deep_check.verdict_at,
+            "replace_allowed": state.deep_check.replace,
+            "times_out_at": state.deep_check.started_at + config.deep_check_timeout_s
+            if state.deep_check.waiting
+            else None,
+        },
         "attempts_reset_at": (
             healthy + config.healthy_reset_s if healthy is not None and state.attempts else None
         ),

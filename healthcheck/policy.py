@@ -5,8 +5,9 @@ the time), plain data out. Every safety rule of issue 4 lives here so it can be 
 threads, sockets or clocks; the controller only gathers inputs and carries decisions out.
 
 Rules, checked in this order (the first that applies wins, so the reason is the strongest one):
-opt-out label → HyperPod already pending → an action in flight on the node → attempts exhausted →
-cooldown → circuit breaker open → concurrent budget → hourly budget → observe mode → act.
+opt-out label → HyperPod already pending → a deep health check under way or deferred on the node
+→ an action in flight on the node → attempts exhausted → cooldown → circuit breaker open →
+concurrent budget → hourly budget → observe mode → act.
 
 What a finding asks for is its step on an action ladder (`climb`): a rule per check (and, for
 XIDs, per code or NVIDIA catalog bucket) lists steps that only climb, reset → reboot → replace;
@@ -14,6 +15,15 @@ the same failure on the same component again within a step's window takes the ne
 than that starts from the first. Where each node stands lives in its state annotation. `settle`
 is the rest of a node's lifecycle: recovered, healthy since when, attempts reset after a healthy
 period, ladder marks dropped when their window has passed.
+
+The optional `deep-check` step (between reboot and replace, only where a rule lists it) asks
+HyperPod for a deep health check of the node and gates the replacement above it: the rule's
+`replace` follows only once that check's result, read back from the node's
+`sagemaker.amazonaws.com/deep-health-check-status` label (`read_deep_check`), is `Failed`.
+`Passed`: not replaced, the finding the check examined asks for nothing more (a new occurrence
+starts the rule over). `InProgress`: the node waits, no other action meanwhile. No result within
+`deep_check_timeout_s`: `deep_check_on_timeout` says (default `alert`: not replaced, audited as a
+warning, since a check that never reported proves nothing about the hardware).
 """
 
 from __future__ import annotations
@@ -25,12 +35,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from exporter.node.xid import catalog, describe
+from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY as _DHC_LABEL
 from exporter.topology.labels import HEALTH_STATUS_KEY
 from healthcheck.findings import Finding
 from healthcheck.state import (
     ACTIONS,
     MAX_LADDER_MARKS,
     Action,
+    DeepCheck,
     LadderMark,
     RemediationState,
     action_rank,
@@ -45,12 +57,21 @@ OPT_OUT_LABEL = "topowatch.io/remediation"
 OPT_OUT_VALUE = "disabled"
 
 
+DEEP_CHECK: Action = "deep-check"
+# Which of two asked-for actions a node gets: the stronger remedy; a deep check (diagnosis, not a
+# remedy) only when nothing asks for a remedy, so a reset or reboot another finding needs is not
+# held up behind an hour-long check (that finding's deep-check step waits its turn).
+_PREFERENCE: tuple[Action, ...] = ("deep-check", "reset", "reboot", "replace")
+
+
 def strongest(actions: Iterable[str | None]) -> Action | None:
-    """replace > reboot > reset > nothing: when checks disagree, the stronger remedy wins."""
+    """replace > reboot > reset > deep-check > nothing: the stronger remedy wins."""
     best: Action | None = None
     for action in actions:
-        for known in ACTIONS:
-            if action == known and action_rank(known) > action_rank(best):
+        for known in _PREFERENCE:
+            if action == known and (
+                best is None or _PREFERENCE.index(known) > _PREFERENCE.index(best)
+            ):
                 best = known
     return best
 
@@ -158,7 +179,9 @@ def parse_ladder(raw: Any) -> tuple[Ladder, list[str]]:
     named like a built-in one replaces it). Each rule: `name`, `check`, optionally `xid` (codes)
     or `bucket` (catalog buckets) for check `xid`, `steps` (actions, or {action, within_hours}),
     and `within_hours` for every step that does not set its own (default 24). Steps must climb,
-    reset < reboot < replace: a step that repeats or goes back down would make the ladder loop.
+    reset < reboot < deep-check < replace: a step that repeats or goes back down would make the
+    ladder loop. `deep-check` is optional and gates the replacement, so it must be followed by
+    `replace` (a check whose failure leads nowhere would only take the node out for an hour).
     """
     if raw is None:
         return DEFAULT_LADDER, []
@@ -270,6 +293,11 @@ def _steps(raw: Any, within_s: float, where: str, problems: list[str]) -> tuple[
             )
             continue
         steps.append(Step(action, step_within))
+    if steps and steps[-1].action == DEEP_CHECK:
+        problems.append(
+            f"{where}: deep-check is the last step: it gates a replacement, so replace must"
+            " follow it"
+        )
     return tuple(steps)
 
 
@@ -286,10 +314,17 @@ class Rung:
     why: str = "the check's own action (no ladder rule)"
     then: Action | None = None  # the next step, if the failure comes back within `within_s`
     within_s: float = 0.0
+    # Non-empty: the finding asks for nothing now, and why (its deep check passed, say).
+    hold: str = ""
 
     def describe(self) -> str:
         if not self.rule:
             return f"{self.check}@{self.component}: {self.action}, {self.why}"
+        if self.hold:
+            return (
+                f"{self.rule}@{self.component} step {self.step + 1}/{self.steps}"
+                f" {self.action}: {self.hold}; nothing asked"
+            )
         after = (
             f"; again within {self.within_s / HOUR:g} h: {self.then}"
             if self.then
@@ -311,6 +346,7 @@ class Rung:
             "why": self.why,
             "next": self.then,
             "next_within_hours": self.within_s / HOUR if self.then else None,
+            "hold": self.hold or None,
         }
 
 
@@ -320,12 +356,15 @@ def climb(
     ladder: Ladder,
     now: float,
     in_progress: bool = False,
+    deep: DeepCheck | None = None,
 ) -> tuple[Rung, ...]:
     """Each acting finding's step: the first step, or the next one after the last taken step
     when the same rule fires on the same component within that step's window.
 
     `in_progress`: the node's last action is still under way; a finding first seen before that
     step was taken is the failure the step is treating, not a new one, so it stays on that step.
+    `deep`: the node's last deep check; after a rule's deep-check step its verdict decides (see
+    `_after_deep_check`), not the window.
     """
     taken = {m.key: m for m in marks}
     rungs: list[Rung] = []
@@ -337,7 +376,10 @@ def climb(
             rungs.append(Rung(finding.check, finding.component, finding.action))
             continue
         mark = taken.get((rule.name, finding.component))
-        if mark is not None and in_progress and finding.first_seen <= mark.at:
+        hold = ""
+        if mark is not None and mark.performed == DEEP_CHECK and mark.step < len(rule.steps):
+            step, why, hold = _after_deep_check(rule, mark, deep, finding, now)
+        elif mark is not None and in_progress and finding.first_seen <= mark.at:
             step = min(mark.step, len(rule.steps) - 1)
             why = f"the {mark.performed} of {(now - mark.at) / 60:.0f} min ago is under way"
         else:
@@ -354,9 +396,41 @@ def climb(
                 why,
                 following.action if following else None,
                 rule.steps[step].within_s if following else 0.0,
+                hold,
             )
         )
     return tuple(rungs)
+
+
+def _after_deep_check(
+    rule: LadderRule, mark: LadderMark, deep: DeepCheck | None, finding: Finding, now: float
+) -> tuple[int, str, str]:
+    """(step, why, hold) for a finding whose rule last took its deep-check step.
+
+    Waiting: stays on that step (the policy skips the node while the check runs). Failed (or a
+    timeout escalated to replace): the next step, replace, whatever the window. Passed (or a
+    timeout that only alerts): the finding the check examined asks for nothing (hold); one first
+    seen after the check started is a new occurrence and starts the rule from its first step.
+    A check the state no longer holds (another one replaced it) proves nothing: first step.
+    """
+    ours = deep is not None and abs(deep.started_at - mark.at) < 1.0
+    if deep is None or not ours:
+        return (
+            0,
+            f"the deep check of {(now - mark.at) / HOUR:.1f} h ago has no result: first step",
+            "",
+        )
+    if deep.waiting:
+        minutes = (now - deep.started_at) / 60
+        return mark.step, f"deep health check under way for {minutes:.0f} min", ""
+    if deep.replace:
+        said = "failed" if deep.verdict == "Failed" else f"ended {deep.verdict} (escalated)"
+        return min(mark.step + 1, len(rule.steps) - 1), f"deep health check {said}", ""
+    if finding.first_seen <= mark.at:
+        said = "passed" if deep.verdict == "Passed" else "timed out"
+        return mark.step, f"deep health check {said}", f"deep health check {said}; not replaced"
+    said = "passed" if deep.verdict == "Passed" else "timed out"
+    return 0, f"again after a deep health check that {said}: from the first step", ""
 
 
 def _position(rule: LadderRule, mark: LadderMark | None, now: float) -> tuple[int, str]:
@@ -394,10 +468,14 @@ def mark_ladder(
     ladder: Ladder,
     now: float,
 ) -> tuple[LadderMark, ...]:
-    """The marks after an action for `rungs` that the providers carried out as `performed`."""
+    """The marks after an action for `rungs` that the providers carried out as `performed`.
+
+    A deep check marks only deep-check steps (it mends nothing), and a remedy never marks a
+    deep-check step (no check ran): that step waits its turn.
+    """
     kept = {m.key: m for m in live_marks(marks, ladder, now)}
     for rung in rungs:
-        if rung.rule:
+        if rung.rule and not rung.hold and (performed == DEEP_CHECK) == (rung.action == DEEP_CHECK):
             done = performed if action_rank(performed) >= action_rank(rung.action) else rung.action
             mark = LadderMark(rung.rule, rung.component, rung.step, rung.action, done, now)
             kept[mark.key] = mark
@@ -419,6 +497,19 @@ class PolicyConfig:
     healthy_reset_s: float = 24 * 3600.0  # healthy this long without a break: attempts back to 0
     alert_ttl_s: float = 24 * 3600.0  # a firing alert not sent again for this long expires
     ladder: Ladder = DEFAULT_LADDER
+    # The deep-check step (only where a ladder rule lists it). YAML `deep_check:`
+    # {timeout_seconds, on_timeout, retry_seconds}.
+    # No result on the node's deep-health label this long after the request: give up waiting.
+    # 2 h: InstanceStress runs DCGM diagnostics level 4, 45-90 min, plus stress-ng and EFA.
+    deep_check_timeout_s: float = 2 * 3600.0
+    # What a timed-out check leads to: "alert" (default: not replaced, a warning audit record,
+    # Event and `topowatch_remediation_lifecycle{reason="deep_check_timeout"}`; a check that never
+    # reported says nothing about the hardware, and a replacement destroys the instance's
+    # volumes) or "replace" (treated as failed).
+    deep_check_on_timeout: Literal["alert", "replace"] = "alert"
+    # A check the API would not start yet (ConflictException: one on-demand check per cluster at a
+    # time; or still throttled) is asked again after this long; not an attempt, no cooldown.
+    deep_check_retry_s: float = 300.0
 
     def budget(self, gpu_nodes: int) -> int:
         return max(self.budget_nodes, math.floor(gpu_nodes * self.budget_percent / 100.0))
@@ -450,6 +541,20 @@ class PolicyConfig:
             "healthy_reset_s": raw.get("healthy_reset_seconds"),
             "alert_ttl_s": raw.get("alert_ttl_seconds"),
         }
+        deep = raw.get("deep_check")
+        if deep is not None and not isinstance(deep, dict):
+            problems.append("deep_check must be a mapping (timeout_seconds, on_timeout, ...)")
+            deep = None
+        deep = deep or {}
+        for key in sorted(set(deep) - {"timeout_seconds", "on_timeout", "retry_seconds"}, key=str):
+            problems.append(f"deep_check: unknown key {key!r}")
+        numbers["deep_check_timeout_s"] = deep.get("timeout_seconds")
+        numbers["deep_check_retry_s"] = deep.get("retry_seconds")
+        on_timeout = deep.get("on_timeout", "alert")
+        if on_timeout in ("alert", "replace"):
+            values["deep_check_on_timeout"] = on_timeout
+        else:
+            problems.append(f"deep_check.on_timeout {on_timeout!r} is not alert|replace")
         for name, value in numbers.items():
             if value is None:
                 continue
@@ -474,6 +579,7 @@ class NodeRequest:
     opted_out: bool = False
     hyperpod_status: str = ""
     rungs: tuple[Rung, ...] = ()  # the findings' ladder steps behind `action`
+    holding: bool = False  # some finding asks for nothing only because its deep check said so
 
 
 @dataclass(frozen=True, slots=True)
@@ -562,10 +668,15 @@ def decide(
 ) -> list[Decision]:
     """One decision per request with an action, in order; earlier acts consume the budget."""
     limit = config.budget(facts.gpu_nodes)
-    active = {n for n, s in states.items() if s.is_active(now, config.active_timeout_s)}
+    # A node in a deep check is out of service: in remediation, however long the check takes.
+    active = {n for n, s in states.items() if busy(s, now, config)}
     active |= facts.pending_elsewhere
     hour_start = now - config.budget_window_s
-    started = {n for n, s in states.items() if s.started_at > hour_start}
+    # Nodes, not actions: a node's deep check and the replacement it leads to count once. A
+    # deferred check started nothing.
+    started = {
+        n for n, s in states.items() if s.started_at > hour_start and s.outcome != "deferred"
+    }
     started |= facts.started_elsewhere
     decisions: list[Decision] = []
     for request in requests:
@@ -583,6 +694,28 @@ def decide(
         elif request.hyperpod_status in HYPERPOD_PENDING:
             decisions.append(
                 make("skip", "already_pending", f"{HYPERPOD_HEALTH}={request.hyperpod_status}")
+            )
+        elif state is not None and state.deep_check_waiting():
+            assert state.deep_check is not None
+            seen = "seen InProgress" if state.deep_check.seen_in_progress else "no result yet"
+            decisions.append(
+                make(
+                    "skip",
+                    "deep_check_running",
+                    f"deep health check ({', '.join(state.deep_check.checks) or 'requested'})"
+                    f" since {(now - state.deep_check.started_at) / 60:.0f} min, {seen};"
+                    f" waiting up to {config.deep_check_timeout_s / HOUR:g} h",
+                )
+            )
+        elif (
+            state is not None
+            and state.outcome == "deferred"
+            and request.action == DEEP_CHECK
+            and now - state.started_at < config.deep_check_retry_s
+        ):
+            left = config.deep_check_retry_s - (now - state.started_at)
+            decisions.append(
+                make("skip", "deep_check_deferred", f"{state.message}; asked again in {left:.0f} s")
             )
         elif state is not None and state.is_active(now, config.active_timeout_s):
             decisions.append(
@@ -603,7 +736,12 @@ def decide(
                     f" {config.healthy_reset_s / HOUR:g} h)",
                 )
             )
-        elif state is not None and now - state.started_at < config.cooldown_s:
+        elif (
+            state is not None
+            and now - state.started_at < config.cooldown_s
+            and state.outcome != "deferred"
+            and not _gate_open(state, request)
+        ):
             left = config.cooldown_s - (now - state.started_at)
             decisions.append(make("skip", "cooldown", f"{left:.0f} s of cooldown left"))
         elif breaker.tripped:
@@ -612,7 +750,7 @@ def decide(
             decisions.append(
                 make("skip", "budget_concurrent", f"{len(active)} of {limit} nodes in remediation")
             )
-        elif len(started) >= limit:
+        elif len(started - _own_start(state, request)) >= limit:
             decisions.append(
                 make(
                     "skip",
@@ -632,6 +770,84 @@ def decide(
                 triggers = ", ".join(request.reasons) or "requested"
                 decisions.append(make("act", "act", f"{request.action}: {triggers}"))
     return decisions
+
+
+def busy(state: RemediationState, now: float, config: PolicyConfig) -> bool:
+    """In remediation now: an action under way, or a deep check waiting for its result."""
+    return state.is_active(now, config.active_timeout_s) or state.deep_check_waiting()
+
+
+def _own_start(state: RemediationState | None, request: NodeRequest) -> set[str]:
+    """The node itself, where its own earlier start in the window must not block this action:
+    a deep check continues the remediation its reboot began, and the replacement a failed check
+    opened continues the check. The hourly budget counts nodes, so the node counts once."""
+    if request.action == DEEP_CHECK or (state is not None and _gate_open(state, request)):
+        return {request.node}
+    return set()
+
+
+def _gate_open(state: RemediationState, request: NodeRequest) -> bool:
+    """The replacement a failed deep check opened: what the node waited for, so no cooldown."""
+    deep = state.deep_check
+    return (
+        request.action == "replace"
+        and state.action == DEEP_CHECK
+        and deep is not None
+        and deep.replace
+    )
+
+
+def read_deep_check(
+    state: RemediationState, label: str, now: float, config: PolicyConfig
+) -> tuple[RemediationState, str, str]:
+    """A waiting deep check brought up to `now` from the node's deep-health label.
+
+    Returns (state, change, detail); change is "" (nothing new), `deep_check_running` (first seen
+    InProgress), `deep_check_failed`, `deep_check_passed` or `deep_check_timeout`. A `Passed` or
+    `Failed` counts only once the label was seen InProgress since the request or differs from
+    its value then (HyperPod keeps the last check's value on the node). A result ends the step:
+    outcome `checked`, no longer in remediation.
+    """
+    deep = state.deep_check
+    if deep is None or not state.deep_check_waiting():
+        return state, "", ""
+    if label == "InProgress":
+        if deep.seen_in_progress:
+            return state, "", ""
+        seen = replace(deep, seen_in_progress=True)
+        detail = f"{_DHC_LABEL}=InProgress {(now - deep.started_at) / 60:.0f} min after the request"
+        return replace(state, deep_check=seen), "deep_check_running", detail
+    age = now - deep.started_at
+    if label in ("Passed", "Failed") and (deep.seen_in_progress or label != deep.before):
+        verdict: Literal["Passed", "Failed"] = "Passed" if label == "Passed" else "Failed"
+        gate = verdict == "Failed"
+        detail = (
+            "deep health check failed; the ladder's replace follows"
+            if gate
+            else "deep health check passed; not replaced"
+        ) + f" ({_DHC_LABEL}={verdict} {age / 60:.0f} min after the request)"
+        code = "deep_check_failed" if gate else "deep_check_passed"
+        done = replace(deep, verdict=verdict, verdict_at=now, replace=gate)
+        return replace(state.finished("checked", now, detail), deep_check=done), code, detail
+    if age < config.deep_check_timeout_s:
+        return state, "", ""
+    escalate = config.deep_check_on_timeout == "replace"
+    shown = f"{_DHC_LABEL}={label!r}" if label else f"no {_DHC_LABEL} label"
+    detail = (
+        f"deep health check gave no result within {config.deep_check_timeout_s / HOUR:g} h"
+        f" ({shown}); "
+        + (
+            "on_timeout replace: the ladder's replace follows"
+            if escalate
+            else "not replaced (on_timeout alert): a person should look at this node"
+        )
+    )
+    done = replace(deep, verdict="timeout", verdict_at=now, replace=escalate)
+    return (
+        replace(state.finished("checked", now, detail), deep_check=done),
+        "deep_check_timeout",
+        detail,
+    )
 
 
 # --- a node's lifecycle -----------------------------------------------------------------------
@@ -665,7 +881,7 @@ def settle(
             state = replace(state, healthy_since=None)
             changes.append("unhealthy")
     elif not pending:
-        if state.outcome == "done":
+        if state.outcome == "done" and not state.deep_check_waiting():
             state = state.finished("recovered", now, "node reports healthy")
             changes.append("recovered")
         if state.healthy_since is None and not state.is_active(now, config.active_timeout_s):

@@ -8,7 +8,10 @@ reported as a problem and treated as "no state", which the policy then handles c
 Beside the last action the state carries the node's action ladder (one mark per rule and
 component: which step was last taken and when, see healthcheck/policy.py) and since when the
 node has reported healthy, so a restarted controller continues a ladder where it stood and a
-node's attempt count resets after a healthy period, both from the annotation alone.
+node's attempt count resets after a healthy period, both from the annotation alone. A HyperPod
+deep health check the controller started (the optional `deep-check` step) is recorded here too,
+before the API call, with what the node's deep-health label said then, so a restarted controller
+goes on waiting for that check's result and never starts a second one.
 """
 
 from __future__ import annotations
@@ -20,21 +23,28 @@ from typing import Any, Literal, get_args
 
 ANNOTATION = "topowatch.io/remediation"
 
-# Weakest first: a GPU reset, a reboot of the node (resets every GPU), a replacement.
-Action = Literal["reset", "reboot", "replace"]
+# In ladder order: a GPU reset, a reboot of the node (resets every GPU), a HyperPod deep health
+# check (diagnosis, not a remedy: it gates the replacement above it), a replacement.
+Action = Literal["reset", "reboot", "deep-check", "replace"]
 # requested: written before the provider call (a crash here must not lead to a repeat);
 # done: the provider accepted it; failed: the provider refused or errored;
-# recovered: the node reported healthy again afterwards; gone: the node object was deleted.
-Outcome = Literal["requested", "done", "failed", "recovered", "gone"]
+# recovered: the node reported healthy again afterwards; gone: the node object was deleted;
+# deferred: a deep check the API would not start yet (one per cluster at a time, or throttled),
+# tried again later, not an attempt; checked: a deep check whose result has been read.
+Outcome = Literal["requested", "done", "failed", "recovered", "gone", "deferred", "checked"]
+# A deep check's verdict: "" still waiting; Passed/Failed as the node's label said; timeout: no
+# result within deep_check.timeout_seconds.
+Verdict = Literal["", "Passed", "Failed", "timeout"]
 
 ACTIONS: tuple[Action, ...] = get_args(Action)
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 ACTIVE_OUTCOMES: frozenset[str] = frozenset({"requested", "done"})
 MAX_LADDER_MARKS = 64  # bounds the annotation: one mark per (rule, component) on one node
 
 
 def action_rank(action: str | None) -> int:
-    """0 for no action, then reset < reboot < replace."""
+    """0 for no action, then reset < reboot < deep-check < replace (the order a ladder climbs)."""
     for rank, known in enumerate(ACTIONS, start=1):
         if action == known:
             return rank
@@ -58,6 +68,29 @@ class LadderMark:
 
 
 @dataclass(frozen=True, slots=True)
+class DeepCheck:
+    """A HyperPod deep health check this controller started on the node, and what came of it.
+
+    Its result is read back from the node's `sagemaker.amazonaws.com/deep-health-check-status`
+    label. That label keeps the last check's value (often `Passed` from the cluster's creation),
+    so a `Passed`/`Failed` counts as this check's result only once the label has been seen
+    `InProgress` since the request, or differs from `before`, its value when the request went out.
+    """
+
+    started_at: float
+    checks: tuple[str, ...] = ()  # InstanceStress, InstanceConnectivity, as the provider asked
+    before: str = ""  # the label's value when the request went out ("" absent)
+    seen_in_progress: bool = False
+    verdict: Verdict = ""
+    verdict_at: float | None = None
+    replace: bool = False  # the gate: the rule's replace step may follow (Failed, or escalated)
+
+    @property
+    def waiting(self) -> bool:
+        return self.verdict == ""
+
+
+@dataclass(frozen=True, slots=True)
 class RemediationState:
     action: Action
     started_at: float
@@ -68,6 +101,16 @@ class RemediationState:
     message: str = ""
     ladder: tuple[LadderMark, ...] = ()
     healthy_since: float | None = None  # reporting healthy without a break since then
+    deep_check: DeepCheck | None = None  # the last deep check started on the node
+
+    def deep_check_waiting(self) -> bool:
+        """A deep check was asked for (or accepted) and its result is not in yet."""
+        return (
+            self.action == "deep-check"
+            and self.outcome in ACTIVE_OUTCOMES
+            and self.deep_check is not None
+            and self.deep_check.waiting
+        )
 
     def is_active(self, now: float, active_timeout_s: float) -> bool:
         """Still in remediation: accepted or in flight, and not older than the timeout."""
@@ -80,6 +123,10 @@ class RemediationState:
 def dump_state(state: RemediationState) -> str:
     raw = asdict(state)
     raw["ladder"] = [asdict(m) for m in sorted(state.ladder, key=lambda m: m.key)]
+    if state.deep_check is None:
+        del raw["deep_check"]  # annotations without a deep check stay as they were
+    else:
+        raw["deep_check"]["checks"] = list(state.deep_check.checks)
     return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
 
@@ -122,8 +169,40 @@ def _from_mapping(raw: dict[str, Any]) -> RemediationState:
     ladder = tuple(_mark(m, i) for i, m in enumerate(marks))
     if len({m.key for m in ladder}) != len(ladder):
         raise ValueError("ladder has two marks for one rule and component")
+    deep_raw = raw.get("deep_check")
+    deep = None if deep_raw is None else _deep_check(deep_raw)
     return RemediationState(
-        action, started, provider, attempts, outcome, finished, message, ladder, healthy
+        action, started, provider, attempts, outcome, finished, message, ladder, healthy, deep
+    )
+
+
+def _deep_check(raw: Any) -> DeepCheck:
+    if not isinstance(raw, dict):
+        raise ValueError("deep_check is not an object")
+    checks = raw.get("checks", [])
+    if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
+        raise ValueError("deep_check.checks is not a list of strings")
+    before, seen, verdict = (
+        raw.get("before", ""),
+        raw.get("seen_in_progress", False),
+        raw.get("verdict", ""),
+    )
+    if not isinstance(before, str) or not isinstance(seen, bool):
+        raise ValueError("deep_check.before must be a string, seen_in_progress a boolean")
+    if verdict not in VERDICTS:
+        raise ValueError(f"deep_check.verdict {verdict!r} is not one of {VERDICTS}")
+    at_raw = raw.get("verdict_at")
+    gate = raw.get("replace", False)
+    if not isinstance(gate, bool):
+        raise ValueError("deep_check.replace must be a boolean")
+    return DeepCheck(
+        _number(raw.get("started_at"), "deep_check.started_at"),
+        tuple(checks),
+        before,
+        seen,
+        verdict,
+        None if at_raw is None else _number(at_raw, "deep_check.verdict_at"),
+        gate,
     )
 
 

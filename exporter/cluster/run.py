@@ -232,6 +232,15 @@ def controller_from_mapping(
     for rule in policy.ladder.rules:
         for step in rule.steps:
             unable = [p.name for p in providers if executable(step.action, p) is None]
+            if step.action == "deep-check":
+                # Only SageMaker's API runs a deep health check; the controller leaves the
+                # providers that cannot out of it, so one that can is enough.
+                if providers and len(unable) == len(providers):
+                    raise RemediationConfigError(
+                        f"ladder rule {rule.name!r}: no provider can deep-check"
+                        f" ({', '.join(unable)}); add sagemaker-api"
+                    )
+                continue
             if unable:
                 raise RemediationConfigError(
                     f"ladder rule {rule.name!r}: {', '.join(unable)} cannot {step.action}"

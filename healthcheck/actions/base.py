@@ -9,7 +9,8 @@ from typing import Any, Protocol
 from healthcheck.state import Action
 
 # What a provider that does not say otherwise can carry out. No node API here resets one GPU;
-# a reboot resets every GPU on the node, so it stands in for a reset (`executable`).
+# a reboot resets every GPU on the node, so it stands in for a reset (`executable`). A deep
+# health check has no stand-in: only a provider that declares `deep-check` runs one.
 DEFAULT_ACTIONS: frozenset[str] = frozenset({"reboot", "replace"})
 
 
@@ -26,6 +27,10 @@ class ActionResult:
     node: str
     ok: bool
     detail: str
+    # Not done, but not refused either: the API will take it later (a deep check while another
+    # runs on the cluster). The controller asks again after deep_check.retry_seconds; it is not an
+    # attempt and never a reason to climb the ladder.
+    deferred: bool = False
 
 
 class Provider(Protocol):

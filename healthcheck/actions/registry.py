@@ -52,13 +52,26 @@ def _build(settings: Mapping[str, Any], core_v1: Any | None) -> Provider:
     if name == "sagemaker-api":
         import boto3
 
-        from healthcheck.actions.sagemaker import SageMakerNodes
+        from healthcheck.actions.sagemaker import (
+            DEFAULT_DEEP_CHECKS,
+            INSTANCE_GROUP_LABEL,
+            SageMakerNodes,
+        )
 
         cluster = settings["cluster"]
         if not isinstance(cluster, str) or not cluster:
             raise ValueError("cluster (the HyperPod cluster name or ARN) is required")
         client = boto3.client("sagemaker", region_name=settings.get("region"))
-        return SageMakerNodes(client, cluster, max_attempts=int(settings.get("max_attempts", 5)))
+        checks = settings.get("deep_checks", list(DEFAULT_DEEP_CHECKS))
+        if not isinstance(checks, list):
+            raise ValueError("deep_checks must be a list (InstanceStress, InstanceConnectivity)")
+        return SageMakerNodes(
+            client,
+            cluster,
+            max_attempts=int(settings.get("max_attempts", 5)),
+            deep_checks=checks,
+            instance_group_label=str(settings.get("instance_group_label", INSTANCE_GROUP_LABEL)),
+        )
     if name == "slurm":
         from healthcheck.actions.slurm import SlurmNodes
 
