@@ -1,6 +1,12 @@
 """Tell Kubernetes what the node's health checks found: a Node condition, an annotation with the
 actionable findings, and an Event when the verdict changes.
 
+The annotation also carries the findings other nodes' findings are judged with
+(`SHARED_CHECKS`): rising EFA remote-error counters are a warning with no action on one node
+(a dead peer raises them on every healthy node talking to it), and the cluster service reads
+them off many nodes to name the peer they share (exporter/cluster/efa_remotes.py). They never
+turn the condition False and never post an Event; the controller acts only on actionable ones.
+
 This is the I/O edge of the node side. It writes on change, not on every poll (2,000 nodes
 polling every 5 s must not mean 400 writes a second), plus a refresh every `refresh_seconds`
 so a condition overwritten by someone else heals. Order matters to the controller reading it:
@@ -58,9 +64,22 @@ Signature = tuple[tuple[str, str, str, str], ...]
 HEALTHY: Signature = ()
 
 
+# Warnings published for the cluster service to correlate across nodes, actionable or not.
+SHARED_CHECKS = frozenset({"efa_remote_errors"})
+
+
 def signature(report: HealthReport) -> Signature:
     """What a change is: the set of actionable findings, without their changing evidence."""
-    return tuple(sorted((f.check, f.component, f.severity, f.action) for f in report.actionable))
+    return _signature(report.actionable)
+
+
+def published(report: HealthReport) -> tuple[Finding, ...]:
+    """What the annotation carries: the actionable findings and the shared warnings."""
+    return tuple(f for f in report.findings if f.actionable or f.check in SHARED_CHECKS)
+
+
+def _signature(findings: Iterable[Finding]) -> Signature:
+    return tuple(sorted((f.check, f.component, f.severity, f.action) for f in findings))
 
 
 def condition_reason(findings: Iterable[Finding]) -> str:
@@ -116,7 +135,8 @@ class NodeReporter:
         """Write `report` if it changed or a refresh is due. True when the API server has it."""
         now = self._clock()
         current = signature(report)
-        if current == self._written and now - self._written_at < self._refresh:
+        written = _signature(published(report))
+        if written == self._written and now - self._written_at < self._refresh:
             return True
         try:
             self._write_annotation(report)
@@ -128,7 +148,7 @@ class NodeReporter:
             return self._failed(e.reason, e.message)
         except (ValueError, KeyError, TypeError, AttributeError) as e:  # a malformed Node
             return self._failed("bad_response", f"{type(e).__name__}: {e}")
-        self._written, self._written_at = current, now
+        self._written, self._written_at = written, now
         if self._last_error is not None:
             log.info("reporting node health to the API server works again")
             self._last_error = None
@@ -175,7 +195,7 @@ class NodeReporter:
         return f"/api/v1/nodes/{quote(self.node, safe='')}"
 
     def _write_annotation(self, report: HealthReport) -> None:
-        value = findings_to_json(report.actionable)
+        value = findings_to_json(published(report))
         path = self._node_path() + FIELD_MANAGER
         body = {"metadata": {"annotations": {FINDINGS_ANNOTATION: value}}}
         written = self.api.patch(path, body, timeout=self._timeout)

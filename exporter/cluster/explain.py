@@ -104,6 +104,9 @@ def explain_text(view: Mapping[str, Any]) -> str:
         lines.append(f"Preempted {len(caused)} other workload(s):")
         lines.extend(f"  {_preemption_line(r, victim_side=False)}" for r in caused)
     lines.extend(_placement_lines(view))
+    efa = view.get("efa_remote_errors")
+    if efa:
+        lines.append(f"EFA: {efa['summary']}")
     timeline = view.get("timeline", [])
     if timeline:
         lines.append("Timeline:")

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from exporter.cluster import efa_remotes
 from exporter.cluster.capacity.quota import Answer, QuotaTree
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import GPU_RESOURCE, ClusterQueue
@@ -40,10 +41,12 @@ def team_of(cluster_queue: str) -> str:
     return cluster_queue
 
 
-def render(model: ClusterModel, workload_cap: int = 2000) -> list[Family]:
+def render(model: ClusterModel, workload_cap: int = 2000, now: float | None = None) -> list[Family]:
+    """`now` judges which node findings are current (`efa_remotes`); None: as of the newest."""
     return [
         *_topology_families(model),
         *_workload_families(model, workload_cap),
+        *_efa_remote_families(model, workload_cap, now),
         *_preemption_families(model),
         *_queue_families(model),
         *_model_families(model),
@@ -265,6 +268,32 @@ def _workload_families(model: ClusterModel, cap: int) -> Iterable[Family]:
         gpus.add(base, sum(p.gpus for p in model.pods_of(wl) if p.holds_gpus))
     capped.add([], max(0, len(live) - cap))
     return [spanned, hops, met, gpus, capped]
+
+
+def _efa_remote_families(model: ClusterModel, cap: int, now: float | None) -> Iterable[Family]:
+    """EFA remote errors correlated across a workload's nodes (`exporter.cluster.efa_remotes`):
+    the workloads the correlation holds for first, up to the per-workload cap."""
+    reporters = Family(
+        "topowatch_efa_remote_errors_reporters",
+        GAUGE,
+        "Nodes of a live workload whose node agent reports rising EFA unresponsive or impaired "
+        "remote counters now (workloads with at least one).",
+    )
+    suspect = Family(
+        "topowatch_efa_remote_errors_suspect",
+        GAUGE,
+        "1 while several nodes of a live workload report EFA remote errors at once, on the node "
+        "they share (basis: local-efa-fault, only-silent-node, shared-silent-node), or on "
+        'node="" with basis="undetermined" when nothing tells the candidates apart.',
+    )
+    for found in efa_remotes.from_model(model, now)[:cap]:
+        base = [("namespace", found.namespace), ("workload", found.workload)]
+        reporters.add(base, len(found.reporters))
+        if not found.correlated:
+            continue
+        for named in found.suspects or (efa_remotes.Suspect("", "undetermined", ""),):
+            suspect.add([*base, ("node", named.node), ("basis", named.basis)], 1)
+    return [reporters, suspect]
 
 
 def _preemption_families(model: ClusterModel) -> Iterable[Family]:

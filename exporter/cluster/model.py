@@ -64,6 +64,7 @@ from exporter.cluster.timeline import TimelineEntry, timeline_changes
 from exporter.sources.ec2_events import ScheduledEvent
 from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY, INSTANCE_TYPE_KEY
 from exporter.topology.tree import Placement, TopologyTree, level_of_label_key
+from healthcheck.findings import FINDINGS_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -301,6 +302,8 @@ class ClusterModel:
         for note in notes:
             if DEEP_HEALTH_CHECK_KEY in note:
                 self._problem("Node", "deep_health_unreadable", f"{name}: {note}")
+            elif note.startswith(FINDINGS_ANNOTATION):
+                self._problem("Node", "findings_unreadable", f"{name}: {note}")
             else:
                 log.warning("malformed Node %s: %s", name, note)
         note = self._event_note(node.instance_id, now)
@@ -311,7 +314,10 @@ class ClusterModel:
     def _put_node(self, name: str, node: Node) -> None:
         old = self.nodes.get(name)
         self.nodes[name] = node
-        if old != node:
+        # The agent's EFA findings (rewritten every few minutes) move no placement answer.
+        if old is None or replace(old, efa_findings=(), findings_read=False) != replace(
+            node, efa_findings=(), findings_read=False
+        ):
             self._nodes_epoch += 1
         if old is None or old.labels != node.labels:
             self._labels_epoch += 1

@@ -241,6 +241,20 @@ class PriorityClass:
 
 
 @dataclass(frozen=True, slots=True)
+class EfaFinding:
+    """An EFA finding (check id `efa_*`) the node agent published in its Node's
+    `topowatch.io/findings` annotation (healthcheck.findings' JSON form); the cluster service
+    keeps only these, for `exporter.cluster.efa_remotes`."""
+
+    check: str  # "efa_remote_errors", "efa_port_down", "efa_missing", ...
+    component: str  # "<efa device>:<port>", or "node"
+    first_seen: float  # Unix seconds: the finding's onset on that node
+    last_seen: float  # as of the agent's last write (it rewrites at least every 300 s)
+    action: str = "none"  # none | reboot | replace
+    evidence: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Node:
     name: str
     labels: tuple[tuple[str, str], ...]
@@ -260,6 +274,10 @@ class Node:
     scheduled_event: str = ""
     # The EC2 instance id from spec.providerID (aws:///<zone>/i-...), "" when not on EC2
     instance_id: str = ""
+    # The EFA findings of our node agent's topowatch.io/findings annotation, and whether that
+    # annotation was there and readable: only then does no finding mean the agent saw none.
+    efa_findings: tuple[EfaFinding, ...] = ()
+    findings_read: bool = False
 
     @property
     def unavailable(self) -> Literal["", "deep-health-check", "scheduled-event"]:

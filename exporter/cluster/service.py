@@ -111,7 +111,7 @@ class ClusterService:
     # views, each taken under the lock
     def metrics_body(self, openmetrics: bool) -> bytes:
         with self.lock:
-            families = metrics.render(self.model, self.workload_cap)
+            families = metrics.render(self.model, self.workload_cap, now=self.clock())
             families.extend(quota_families(self._quota_advice, self.model))
         families.extend(self.informer_families())
         families.extend(self.ec2_event_families())
@@ -173,7 +173,9 @@ class ClusterService:
     def workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self.lock:
             state = self.model.workload_state(namespace, name)
-            return views.workload_view(self.model, state) if state is not None else None
+            if state is None:
+                return None
+            return views.workload_view(self.model, state, now=self.clock())
 
     def workloads(self, namespace: str | None, status: str | None) -> list[dict[str, Any]]:
         with self.lock:
@@ -202,6 +204,11 @@ class ClusterService:
     def topology(self) -> dict[str, Any]:
         with self.lock:
             return views.topology_view(self.model)
+
+    def efa_remote_errors(self) -> list[dict[str, Any]]:
+        """Live workloads whose nodes report EFA remote errors, and the suspect they share."""
+        with self.lock:
+            return views.efa_remotes_view(self.model, now=self.clock())
 
     # pages for people (/ui/...): copied out under the lock, rendered outside it
     def ui_topology(self, highlight: str = "") -> str:
@@ -325,6 +332,9 @@ def build_app(service: ClusterService) -> web.Application:
     async def topology(_: web.Request) -> web.Response:
         return web.json_response(await off_loop(service.topology))
 
+    async def efa_remote_errors(_: web.Request) -> web.Response:
+        return web.json_response(await off_loop(service.efa_remote_errors))
+
     async def quota(_: web.Request) -> web.Response:
         return web.json_response(await off_loop(service.quota_recommendations))
 
@@ -337,6 +347,7 @@ def build_app(service: ClusterService) -> web.Application:
     app.router.add_get("/api/v1/workloads/{namespace}/{name}", workload)
     app.router.add_get("/api/v1/preemptions", preemptions)
     app.router.add_get("/api/v1/topology", topology)
+    app.router.add_get("/api/v1/efa/remote-errors", efa_remote_errors)
     app.router.add_get("/api/v1/quota/recommendations", quota)
     add_remediation_routes(app, service)
     return app

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
+from exporter.cluster import efa_remotes
 from exporter.cluster.analysis import PendingCause, workload_request
 from exporter.cluster.ledger import PreemptionRecord
 from exporter.cluster.model import ClusterModel, WorkloadState, is_live, is_pending
@@ -56,7 +57,10 @@ def status_of(workload: Workload) -> str:
     return "pending"
 
 
-def workload_view(model: ClusterModel, state: WorkloadState) -> dict[str, Any]:
+def workload_view(
+    model: ClusterModel, state: WorkloadState, now: float | None = None
+) -> dict[str, Any]:
+    """`now` judges which node findings are current (`efa_remotes`); None: as of the newest."""
     wl = state.workload
     loc = model.locality_of(state)
     pending = model.pending_cause(wl) if is_pending(wl) else None
@@ -124,8 +128,42 @@ def workload_view(model: ClusterModel, state: WorkloadState) -> dict[str, Any]:
         else [],
         "pending": _pending_view(pending),
         "would_run_if": would_run_if(model, wl, pending),
+        "efa_remote_errors": _efa_for(model, wl, now),
         "problems": list(wl.problems),
     }
+
+
+def efa_remote_view(found: efa_remotes.Correlation) -> dict[str, Any]:
+    """One workload's EFA remote-error correlation (`exporter.cluster.efa_remotes`)."""
+    return {
+        "namespace": found.namespace,
+        "workload": found.workload,
+        "nodes": list(found.nodes),
+        "reporters": list(found.reporters),
+        "correlated": found.correlated,
+        "since": iso(found.since),
+        "basis": found.basis if found.correlated else None,
+        "suspects": [
+            {"node": s.node, "basis": s.basis, "detail": s.detail} for s in found.suspects
+        ],
+        "not_reporting": list(found.silent),
+        "no_findings": list(found.unknown),
+        "summary": found.summary,
+    }
+
+
+def efa_remotes_view(model: ClusterModel, now: float | None = None) -> list[dict[str, Any]]:
+    """Every live workload with a node reporting EFA remote errors, correlated ones first."""
+    return [efa_remote_view(c) for c in efa_remotes.from_model(model, now)]
+
+
+def _efa_for(model: ClusterModel, wl: Workload, now: float | None) -> dict[str, Any] | None:
+    if not is_live(wl):
+        return None
+    for found in efa_remotes.from_model(model, now):
+        if found.key == wl.key:
+            return efa_remote_view(found)
+    return None
 
 
 def timeline_entry_view(entry: TimelineEntry) -> dict[str, Any]:

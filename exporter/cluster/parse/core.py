@@ -13,6 +13,7 @@ The Pod parser is on the startup path (one call per Pod in the cluster), so the 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -22,7 +23,15 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Final
 
-from exporter.cluster.objects import GPU_RESOURCE, KubeEvent, Node, Pod, Taint, Toleration
+from exporter.cluster.objects import (
+    GPU_RESOURCE,
+    EfaFinding,
+    KubeEvent,
+    Node,
+    Pod,
+    Taint,
+    Toleration,
+)
 from exporter.topology.labels import (
     DEEP_HEALTH_CHECK_KEY,
     DEEP_HEALTH_PASSED,
@@ -30,7 +39,11 @@ from exporter.topology.labels import (
     HEALTH_STATUS_KEY,
     PROVIDER_ID_PREFIX,
 )
-from healthcheck.findings import HEALTH_CONDITION
+from healthcheck.findings import (
+    FINDINGS_ANNOTATION,
+    HEALTH_CONDITION,
+    Finding,
+)
 
 log = logging.getLogger(__name__)
 
@@ -391,6 +404,8 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
                 condition_note = _unhealthy_note(cond)
         cordoned = flag(spec.get("unschedulable"), "spec.unschedulable", notes, False)
         health = labels.get(HEALTH_LABEL, "")
+        annotations = mapping(meta.get("annotations"), "metadata.annotations", notes)
+        efa, findings_read = efa_findings(annotations.get(FINDINGS_ANNOTATION), notes)
         deep_health = labels.get(DEEP_HEALTH_CHECK_KEY, "")
         deep_health_blocks = deep_health in DEEP_HEALTH_UNAVAILABLE
         if deep_health and not deep_health_blocks and deep_health != DEEP_HEALTH_PASSED:
@@ -409,12 +424,55 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
             deep_health=deep_health,
             deep_health_blocks=deep_health_blocks,
             instance_id=instance_id_of(spec.get("providerID")),
+            efa_findings=efa,
+            findings_read=findings_read,
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")
         node = Node(name="", labels=(), allocatable_gpus=0, schedulable=False, health="")
     report("Node", obj, notes, problems)
     return node
+
+
+def efa_findings(raw: object, notes: list[str]) -> tuple[tuple[EfaFinding, ...], bool]:
+    """The EFA findings (`efa_*` checks) of a `topowatch.io/findings` annotation, and whether
+    the annotation could be read: absent, empty, not JSON or not a list is (), False. An entry
+    that is not a valid finding is skipped and the others kept; each problem is a note that
+    starts with the annotation's key. Never raises."""
+    if raw is None:
+        return (), False
+    if not isinstance(raw, str):
+        notes.append(f"{FINDINGS_ANNOTATION}: expected a string, got {type_name(raw)}")
+        return (), False
+    if not raw.strip():
+        return (), False
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        notes.append(f"{FINDINGS_ANNOTATION}: not JSON ({type(exc).__name__}: {exc})"[:300])
+        return (), False
+    if not isinstance(data, list):
+        notes.append(f"{FINDINGS_ANNOTATION}: expected a JSON list, got {type_name(data)}")
+        return (), False
+    out: list[EfaFinding] = []
+    for i, entry in enumerate(data):
+        try:
+            finding = Finding.from_dict(entry)
+        except (ValueError, OverflowError) as exc:  # FindingsFormatError, a time out of range
+            notes.append(f"{FINDINGS_ANNOTATION}: finding [{i}]: {exc}"[:300])
+            continue
+        if finding.check.startswith("efa_"):
+            out.append(
+                EfaFinding(
+                    finding.check,
+                    finding.component,
+                    finding.first_seen,
+                    finding.last_seen,
+                    finding.action,
+                    finding.evidence,
+                )
+            )
+    return tuple(out), True
 
 
 def instance_id_of(provider_id: object) -> str:
