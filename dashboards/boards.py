@@ -28,6 +28,27 @@ FINDING_GPU = (
 )
 DEGRADED_GPUS = f"count(count by (node, gpu) ({FINDING_GPU}))"
 TEAM_OF_NAMESPACE = '"team", "$1", "namespace", "hyperpod-ns-(.+)"'
+
+
+# NVLink errors per link in whichever family the GPU exports (TopowatchNvlinkCrcErrorStorm's
+# quantity): the DL CRC counters up to Hopper; NVLink5's packets received in error on Blackwell
+# (GB200), where NVML has no DL counters. `by` the labels to keep; `sel` the selector.
+def nvlink_errors(by: str, sel: str) -> str:
+    return (
+        f"sum by ({by}) (rate(topowatch_nvlink_crc_flit_errors_total{{{sel}}}[{RATE}])"
+        f" + rate(topowatch_nvlink_crc_data_errors_total{{{sel}}}[{RATE}]))"
+        f" or sum by ({by}) (rate(topowatch_nvlink_rx_errors_total{{{sel}}}[{RATE}]))"
+    )
+
+
+# Link recoveries (retraining) in either family: the DL recovery counter, NVLink5's recoveries.
+def nvlink_recoveries(by: str, sel: str) -> str:
+    return (
+        f"sum by ({by}) (rate(topowatch_nvlink_recovery_errors_total{{{sel}}}[{RATE}]))"
+        f" or sum by ({by}) (rate(topowatch_nvlink_link_recoveries_total{{{sel}}}[{RATE}]))"
+    )
+
+
 TO_NODE = link_to(
     "node", "Node hardware for ${__data.fields.node}", "var-node=${__data.fields.node}"
 )
@@ -122,16 +143,16 @@ def fleet() -> db.Dashboard:
         .with_panel(
             series(
                 "NVLink error rate by node",
-                "CRC flit and replay errors per second, summed over a node's links.",
+                "Per second, summed over a node's links: errors (CRC flit + data up to Hopper;"
+                " on GB200's NVLink5, packets received in error), replays (up to Hopper) and"
+                " link recoveries (either).",
                 "cps",
-                query(
-                    f"sum by (node) (rate(topowatch_nvlink_crc_flit_errors_total{{{C}}}[{RATE}]))",
-                    "{{node}} crc",
-                ),
+                query(nvlink_errors("node", C), "{{node}} errors"),
                 query(
                     f"sum by (node) (rate(topowatch_nvlink_replay_errors_total{{{C}}}[{RATE}]))",
                     "{{node}} replay",
                 ),
+                query(nvlink_recoveries("node", C), "{{node}} recoveries"),
             )
         )
         .with_panel(
@@ -325,24 +346,51 @@ def node_hardware() -> db.Dashboard:
         .with_panel(
             series(
                 "NVLink errors",
-                "CRC and replay errors per second on links that have any; recoveries per GPU.",
+                "Per second, on links that have any: errors, the quantity"
+                " TopowatchNvlinkCrcErrorStorm alerts on above 10/s (CRC flit + data up to"
+                " Hopper; on GB200's NVLink5, which has no CRC counters, packets received in"
+                " error); replays (up to Hopper) or, on NVLink5, packets malformed, dropped for"
+                " a buffer overrun or with a header mismatch. Recoveries per GPU in either"
+                " family.",
                 "cps",
+                query(f"({nvlink_errors('gpu, link', g)}) > 0", "gpu{{gpu}} link{{link}} errors"),
                 query(
-                    f"rate(topowatch_nvlink_crc_flit_errors_total{{{g}}}[{RATE}]) > 0",
-                    "gpu{{gpu}} link{{link}} crc flit",
+                    f"rate(topowatch_nvlink_replay_errors_total{{{g}}}[{RATE}]) > 0"
+                    f" or rate(topowatch_nvlink_rx_malformed_packet_errors_total{{{g}}}[{RATE}])"
+                    f" + rate(topowatch_nvlink_rx_buffer_overrun_errors_total{{{g}}}[{RATE}])"
+                    f" + rate(topowatch_nvlink_rx_general_errors_total{{{g}}}[{RATE}]) > 0",
+                    "gpu{{gpu}} link{{link}} replay / malformed+overrun+header",
                 ),
+                query(nvlink_recoveries("gpu", g), "gpu{{gpu}} recoveries (all links)"),
+            )
+        )
+        .with_panel(
+            grid(
+                "NVLink fabric",
+                "Each GPU's NVLink fabric registration as NVML reports it (HGX Hopper, GB200):"
+                ' state, status, clique and cluster; "not reported" where the GPU or its'
+                " driver reports none. A registration that did not complete, or completed with"
+                " an error status, keeps the GPU out of its NVLink domain (the fabric check"
+                " asks for a reboot).",
                 query(
-                    f"rate(topowatch_nvlink_crc_data_errors_total{{{g}}}[{RATE}]) > 0",
-                    "gpu{{gpu}} link{{link}} crc data",
+                    "max by (gpu, state, status, clique_id, cluster_uuid)"
+                    f" (topowatch_gpu_fabric_info{{{g}}})"
+                    " or on (gpu) label_replace("
+                    f'max by (gpu) (topowatch_gpu_up{{{g}}}), "state", "not reported",'
+                    ' "__name__", ".*")',
+                    instant=True,
                 ),
-                query(
-                    f"rate(topowatch_nvlink_replay_errors_total{{{g}}}[{RATE}]) > 0",
-                    "gpu{{gpu}} link{{link}} replay",
-                ),
-                query(
-                    f"sum by (gpu) (rate(topowatch_nvlink_recovery_errors_total{{{g}}}[{RATE}]))",
-                    "gpu{{gpu}} recovery (all links)",
-                ),
+                hide=["Value"],
+                width=8,
+            )
+        )
+        .with_panel(
+            single(
+                "GPUs with an unhealthy fabric",
+                "GPUs whose fabric registration has not completed with success"
+                " (topowatch_gpu_fabric_healthy 0): a failed registration, or one still"
+                " running in the minutes after boot.",
+                f"count(topowatch_gpu_fabric_healthy{{{n}}} == 0) or vector(0)",
             )
         )
         .with_panel(

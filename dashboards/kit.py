@@ -126,8 +126,10 @@ def grid(
     *queries: prom.Dataquery,
     links: list[db.DashboardLink] | None = None,
     width: int = 12,
+    hide: list[str] | None = None,
 ) -> table.Panel:
-    """A table of instant queries; several queries are merged on their shared labels."""
+    """A table of instant queries; several queries are merged on their shared labels. `hide`
+    drops more columns (e.g. "Value" where the labels are the answer)."""
     panel = (
         table.Panel()
         .title(title)
@@ -142,7 +144,14 @@ def grid(
     panel = panel.with_transformation(
         DataTransformerConfig(
             id_val="organize",
-            options={"excludeByName": {"Time": True, "__name__": True, "job": True}},
+            options={
+                "excludeByName": {
+                    "Time": True,
+                    "__name__": True,
+                    "job": True,
+                    **dict.fromkeys(hide or [], True),
+                }
+            },
         )
     )
     if links:

@@ -41,6 +41,27 @@ ACT_VALUES: dict[str, Any] = {
     "nodeAgent": {"runtimeClassName": "nvidia", "compat": ["dcgm", "efa"]},
 }
 OBSERVE_VALUES: dict[str, Any] = {"remediation": {"enabled": True, "mode": "observe"}}
+CHECK_SCRIPT = "#!/bin/sh\nnvidia-smi -q >/dev/null 2>&1 || { echo 'nvidia-smi failed'; exit 1; }\n"
+HEALTH_VALUES: dict[str, Any] = {
+    "nodeAgent": {
+        "health": {
+            "config": {
+                "damping": {"k": 2, "n": 4},
+                "nvlink": {"max_errors_per_second": {"crc_flit": 20, "rx": 20}},
+                "custom_checks": [
+                    {
+                        "name": "smi",
+                        "path": "/etc/topowatch/checks/smi.sh",
+                        "interval_seconds": 60,
+                        "action": "reboot",
+                    }
+                ],
+            },
+            "customChecks": {"scripts": {"smi.sh": CHECK_SCRIPT}},
+        }
+    }
+}
+KMSG_VALUES: dict[str, Any] = {"nodeAgent": {"kernelLog": {"source": "kmsg", "privileged": True}}}
 
 Manifest = dict[str, Any]
 
@@ -58,7 +79,13 @@ def render(chart_dir: Path, values: dict[str, Any] | None) -> list[Manifest]:
 
 @cache
 def rendered(profile: str) -> tuple[Manifest, ...]:
-    values = {"default": None, "observe": OBSERVE_VALUES, "act": ACT_VALUES}[profile]
+    values = {
+        "default": None,
+        "observe": OBSERVE_VALUES,
+        "act": ACT_VALUES,
+        "health": HEALTH_VALUES,
+        "kmsg": KMSG_VALUES,
+    }[profile]
     return tuple(render(CHART, values))
 
 
@@ -96,7 +123,9 @@ def test_app_version_follows_the_package_version() -> None:
 
 
 @pytest.mark.parametrize(
-    "values", [None, OBSERVE_VALUES, ACT_VALUES], ids=["default", "observe", "act"]
+    "values",
+    [None, OBSERVE_VALUES, ACT_VALUES, HEALTH_VALUES, KMSG_VALUES],
+    ids=["default", "observe", "act", "health", "kmsg"],
 )
 def test_chart_lints_without_warnings(values: dict[str, Any] | None) -> None:
     report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
@@ -104,7 +133,7 @@ def test_chart_lints_without_warnings(values: dict[str, Any] | None) -> None:
     assert report["errors"] == [] and serious == []
 
 
-@pytest.mark.parametrize("profile", ["default", "observe", "act"])
+@pytest.mark.parametrize("profile", ["default", "observe", "act", "health", "kmsg"])
 def test_every_core_manifest_passes_strict_kubernetes_validation(profile: str) -> None:
     manifests = rendered(profile)
     core = [m for m in manifests if not m["apiVersion"].startswith("monitoring.coreos.com/")]
@@ -180,25 +209,35 @@ def test_pods_run_hardened(profile: str) -> None:
             assert not ctx.get("privileged"), name
 
 
-def test_host_paths_are_exactly_sysfs_procfs_and_pod_resources_all_read_only() -> None:
+def host_paths(spec: Manifest) -> dict[str, dict[str, Any]]:
+    """hostPath volumes by host path: their type and the container's mount of them."""
+    mounts = {m["name"]: m for c in spec["containers"] for m in c["volumeMounts"]}
+    return {
+        v["hostPath"]["path"]: {"type": v["hostPath"].get("type"), "mount": mounts[v["name"]]}
+        for v in spec["volumes"]
+        if "hostPath" in v
+    }
+
+
+JOURNAL_PATHS = ["/etc/machine-id", "/run/log/journal", "/var/log/journal"]
+
+
+def test_host_paths_are_the_agents_inputs_all_read_only() -> None:
+    """sysfs, procfs, the pod-resources socket and (kernel log, journal mode by default) the
+    systemd journal and the machine id: read-only, and nothing else of the host."""
     for profile in ("default", "act"):
         for name, spec in pod_specs(rendered(profile)):
-            host_volumes = {
-                v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v
-            }
-            mounts = {m["name"]: m for c in spec["containers"] for m in c["volumeMounts"]}
+            paths = host_paths(spec)
             if name.endswith("cluster"):
-                assert host_volumes == {}
+                assert paths == {}
                 continue
-            assert sorted(host_volumes.values()) == [
-                "/proc",
-                "/sys",
-                "/var/lib/kubelet/pod-resources",
-            ]
-            for volume in host_volumes:
-                assert mounts[volume]["readOnly"] is True, volume
-            by_host = {path: mounts[v]["mountPath"] for v, path in host_volumes.items()}
-            assert by_host["/sys"] == "/host/sys" and by_host["/proc"] == "/host/proc"
+            assert sorted(paths) == sorted(
+                ["/proc", "/sys", "/var/lib/kubelet/pod-resources", *JOURNAL_PATHS]
+            )
+            for path, volume in paths.items():
+                assert volume["mount"]["readOnly"] is True, path
+            assert paths["/sys"]["mount"]["mountPath"] == "/host/sys"
+            assert paths["/proc"]["mount"]["mountPath"] == "/host/proc"
 
 
 def test_root_is_an_explicit_switch_for_the_node_agent_only() -> None:
@@ -427,6 +466,311 @@ def test_services_expose_a_metrics_port_that_the_service_monitors_select() -> No
         # the agent's own pod/namespace/container/node labels name the GPU's workload: kept
         honor = monitor["spec"]["endpoints"][0].get("honorLabels", False)
         assert honor is (component == "node-agent")
+
+
+# --- the node agent's health config and custom checks -------------------------------------
+
+
+def agent_spec(manifests: tuple[Manifest, ...] | list[Manifest]) -> Manifest:
+    return dict(pod_specs(tuple(manifests)))["topowatch-node-agent"]
+
+
+def agent_pod(manifests: tuple[Manifest, ...] | list[Manifest]) -> Manifest:
+    return one(manifests, "DaemonSet", "topowatch-node-agent")["spec"]["template"]
+
+
+def mounts_of(spec: Manifest) -> dict[str, Manifest]:
+    return {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+
+
+def volumes_of(spec: Manifest) -> dict[str, Manifest]:
+    return {v["name"]: v for v in spec["volumes"]}
+
+
+def mounted_file(spec: Manifest, path: str) -> tuple[Manifest, Manifest, str]:
+    """(the mount whose mountPath is path's directory, its volume, the file name)."""
+    directory, name = str(Path(path).parent), Path(path).name
+    (mount,) = [m for m in mounts_of(spec).values() if m["mountPath"] == directory]
+    return mount, volumes_of(spec)[mount["name"]], name
+
+
+def test_the_health_config_reaches_the_agent_as_a_read_only_file_it_accepts() -> None:
+    from healthcheck.config import config_from_mapping
+
+    manifests = rendered("health")
+    spec = agent_spec(manifests)
+    args = args_of(spec)
+    mount, volume, name = mounted_file(spec, flag(args, "--health-config"))
+    assert mount["readOnly"] is True
+    config_map = one(manifests, "ConfigMap", volume["configMap"]["name"])
+    config = config_from_mapping(yaml.safe_load(config_map["data"][name]))  # raises if refused
+    assert config.damping.k == 2 and config.nvlink.max_errors_per_second["rx"] == 20
+    assert config.nvlink.max_errors_per_second["crc_data"] == 10  # the rest stay default
+    (check,) = config.custom_checks
+    assert (check.name, check.action, check.interval_seconds) == ("smi", "reboot", 60)
+
+
+def test_custom_check_scripts_are_mounted_executable_and_read_only_where_the_config_runs_them() -> (
+    None
+):
+    from healthcheck.config import config_from_mapping
+
+    manifests = rendered("health")
+    spec = agent_spec(manifests)
+    health = one(manifests, "ConfigMap", "topowatch-node-agent-health")
+    config = config_from_mapping(yaml.safe_load(health["data"]["health.yaml"]))
+    (check,) = config.custom_checks
+    mount, volume, name = mounted_file(spec, check.path)
+    assert mount["readOnly"] is True
+    assert volume["configMap"]["defaultMode"] == 0o555  # r-x: the agent's user runs them
+    scripts = one(manifests, "ConfigMap", volume["configMap"]["name"])
+    assert scripts["data"] == {name: CHECK_SCRIPT}  # verbatim: the shebang line first
+    # the container itself stays as hardened as without them
+    assert spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_without_a_health_config_the_agent_gets_no_flag_no_volume_and_no_config_map() -> None:
+    manifests = rendered("default")
+    spec = agent_spec(manifests)
+    assert "--health-config" not in args_of(spec)
+    assert not {"health-config", "custom-checks"} & set(volumes_of(spec))
+    names = {m["metadata"]["name"] for m in objects(manifests, "ConfigMap")}
+    assert not {"topowatch-node-agent-health", "topowatch-node-agent-checks"} & names
+    assert "checksum/health" not in agent_pod(manifests)["metadata"].get("annotations", {})
+    # scripts alone (run by path from an admin's own config elsewhere) mount, pass no flag
+    alone = render(CHART, {"nodeAgent": {"health": {"customChecks": {"scripts": {"a.sh": "x"}}}}})
+    alone_spec = agent_spec(alone)
+    assert "--health-config" not in args_of(alone_spec)
+    assert mounts_of(alone_spec)["custom-checks"]["mountPath"] == "/etc/topowatch/checks"
+
+
+def test_an_existing_config_map_of_scripts_replaces_the_charts_own() -> None:
+    values = {"nodeAgent": {"health": {"customChecks": {"existingConfigMap": "gpu-checks"}}}}
+    manifests = render(CHART, values)
+    volume = volumes_of(agent_spec(manifests))["custom-checks"]
+    assert volume["configMap"] == {"name": "gpu-checks", "defaultMode": 0o555}
+    assert "topowatch-node-agent-checks" not in {
+        m["metadata"]["name"] for m in objects(manifests, "ConfigMap")
+    }
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
+
+
+def test_a_change_of_health_config_or_scripts_rolls_the_daemonset() -> None:
+    def checksum(values: dict[str, Any]) -> str:
+        annotations = agent_pod(render(CHART, values))["metadata"]["annotations"]
+        return str(annotations["checksum/health"])
+
+    base = checksum(HEALTH_VALUES)
+    assert len(base) == 64
+    tuned = json.loads(json.dumps(HEALTH_VALUES))
+    tuned["nodeAgent"]["health"]["config"]["damping"]["k"] = 3
+    rescripted = json.loads(json.dumps(HEALTH_VALUES))
+    rescripted["nodeAgent"]["health"]["customChecks"]["scripts"]["smi.sh"] += "exit 0\n"
+    assert len({base, checksum(tuned), checksum(rescripted), checksum(HEALTH_VALUES)}) == 3
+    # the admin's own pod annotations are kept beside it
+    annotated = json.loads(json.dumps(HEALTH_VALUES))
+    annotated["nodeAgent"]["podAnnotations"] = {"team": "ml-infra"}
+    annotations = agent_pod(render(CHART, annotated))["metadata"]["annotations"]
+    assert annotations == {"team": "ml-infra", "checksum/health": base}
+
+
+def test_the_chart_refuses_a_custom_check_whose_script_it_does_not_carry() -> None:
+    values = json.loads(json.dumps(HEALTH_VALUES))
+    values["nodeAgent"]["health"]["config"]["custom_checks"][0]["path"] = (
+        "/etc/topowatch/checks/smi-typo.sh"
+    )
+    with pytest.raises(helm.HelmError, match=re.escape("smi-typo.sh")):
+        render(CHART, values)
+    both = {
+        "nodeAgent": {
+            "health": {"customChecks": {"scripts": {"a.sh": "x"}, "existingConfigMap": "mine"}}
+        }
+    }
+    with pytest.raises(helm.HelmError):
+        render(CHART, both)
+
+
+@pytest.mark.parametrize(
+    "health",
+    [
+        {"config": "nvlink: {}"},  # a string, not a mapping
+        {"config": {"nvlinks": {}}},  # not a key the agent knows
+        {"config": {"custom_checks": [{"name": "x"}]}},  # no path
+        {"config": {"custom_checks": [{"name": "x", "path": "checks/x.sh"}]}},  # relative
+        {"customChecks": {"scripts": {"x.sh": 1}}},
+        {"customChecks": {"scripts": {"../x.sh": "#!/bin/sh"}}},  # not a ConfigMap key
+        {"customChecks": {"scripts": ["x.sh"]}},
+        {"customChecks": {"existingConfigMap": True}},
+        {"customChecks": {"defaultMode": 511}},
+        {"configs": {}},
+    ],
+)
+def test_schema_refuses_a_health_config_of_the_wrong_shape(health: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        helm.Chart.load(CHART).validate_schema({"nodeAgent": {"health": health}})
+
+
+def test_the_schemas_health_config_keys_are_the_agents() -> None:
+    """The schema refuses a misspelled key at install; it must know every key the agent does."""
+    import dataclasses
+
+    from healthcheck.config import HealthConfig
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config = schema["properties"]["nodeAgent"]["properties"]["health"]["properties"]["config"]
+    assert set(config["propertyNames"]["enum"]) == {
+        f.name for f in dataclasses.fields(HealthConfig)
+    }
+
+
+# --- the kernel log monitor ------------------------------------------------------------------
+
+
+def container_context(spec: Manifest) -> Manifest:
+    return spec["containers"][0]["securityContext"]
+
+
+def test_by_default_the_kernel_log_comes_from_the_journal_without_privilege() -> None:
+    spec = agent_spec(rendered("default"))
+    args = args_of(spec)
+    assert flag(args, "--kernel-log") == "journal"
+    journal_dirs = [args[i + 1] for i, a in enumerate(args) if a == "--journal-dir"]
+    assert journal_dirs == ["/var/log/journal", "/run/log/journal"]
+    paths = host_paths(spec)
+    for directory in journal_dirs:  # mounted where the flag says, read-only, never created
+        assert paths[directory]["mount"]["mountPath"] == directory
+        assert paths[directory]["mount"]["readOnly"] is True
+        assert paths[directory]["type"] == "Directory"
+    assert paths["/etc/machine-id"]["type"] == "File"
+    assert paths["/etc/machine-id"]["mount"]["mountPath"] == "/etc/machine-id"
+    assert "/dev/kmsg" not in paths
+    ctx = container_context(spec)
+    assert ctx["capabilities"] == {"drop": ["ALL"]} and ctx["privileged"] is False
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert "supplementalGroups" not in spec["securityContext"]  # no journalGroup given
+
+
+def test_the_journal_group_is_added_to_the_agents_groups() -> None:
+    values = {"nodeAgent": {"supplementalGroups": [44], "kernelLog": {"journalGroup": 190}}}
+    spec = agent_spec(render(CHART, values))
+    assert spec["securityContext"]["supplementalGroups"] == [44, 190]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container_context(spec)["capabilities"] == {"drop": ["ALL"]}
+    # only the journal needs it: kmsg or off leave the groups as given
+    for kernel_log in (
+        {"source": "kmsg", "privileged": True, "journalGroup": 190},
+        {"enabled": False, "journalGroup": 190},
+    ):
+        other = {"nodeAgent": {"supplementalGroups": [44], "kernelLog": kernel_log}}
+        assert agent_spec(render(CHART, other))["securityContext"]["supplementalGroups"] == [44]
+
+
+def test_kmsg_is_refused_unless_privilege_is_asked_for_explicitly() -> None:
+    chart = helm.Chart.load(CHART)
+    for kernel_log in ({"source": "kmsg"}, {"source": "kmsg", "privileged": False}):
+        values = {"nodeAgent": {"kernelLog": kernel_log}}
+        with pytest.raises(helm.HelmValuesError):
+            chart.validate_schema(values)
+        with pytest.raises(helm.HelmError):
+            render(CHART, values)
+    chart.validate_schema(KMSG_VALUES)
+    # privileged without kmsg grants nothing: the journal needs no privilege
+    spec = agent_spec(render(CHART, {"nodeAgent": {"kernelLog": {"privileged": True}}}))
+    assert container_context(spec)["privileged"] is False
+
+
+def test_kmsg_mounts_the_device_read_only_and_is_privileged_with_cap_syslog() -> None:
+    manifests = rendered("kmsg")
+    spec = agent_spec(manifests)
+    assert flag(args_of(spec), "--kernel-log") == "kmsg"
+    assert "--journal-dir" not in args_of(spec)
+    paths = host_paths(spec)
+    assert sorted(paths) == ["/dev/kmsg", "/proc", "/sys", "/var/lib/kubelet/pod-resources"]
+    assert paths["/dev/kmsg"]["type"] == "CharDevice"
+    assert paths["/dev/kmsg"]["mount"] == {
+        "name": "kmsg",
+        "mountPath": "/dev/kmsg",
+        "readOnly": True,
+    }
+    ctx = container_context(spec)
+    assert ctx["privileged"] is True
+    # the API server refuses privileged with allowPrivilegeEscalation false
+    assert ctx["allowPrivilegeEscalation"] is True
+    assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert spec["securityContext"]["runAsNonRoot"] is True  # root stays a separate switch
+    # the cluster service is untouched
+    cluster = dict(pod_specs(manifests))["topowatch-cluster"]
+    assert container_context(cluster)["capabilities"] == {"drop": ["ALL"]}
+    assert container_context(cluster)["privileged"] is False
+
+
+def test_a_disabled_kernel_log_is_off_and_mounts_nothing() -> None:
+    spec = agent_spec(render(CHART, {"nodeAgent": {"kernelLog": {"enabled": False}}}))
+    args = args_of(spec)
+    assert flag(args, "--kernel-log") == "off"
+    assert "--kernel-log-state" not in args and "--journal-dir" not in args
+    assert sorted(host_paths(spec)) == ["/proc", "/sys", "/var/lib/kubelet/pod-resources"]
+    assert set(volumes_of(spec)) == {"host-sys", "host-proc", "pod-resources", "tmp"}
+    assert container_context(spec)["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_kernel_log_position_is_kept_in_an_empty_dir_or_a_host_path() -> None:
+    spec = agent_spec(rendered("default"))
+    state = flag(args_of(spec), "--kernel-log-state")
+    (mount,) = [m for m in mounts_of(spec).values() if m["mountPath"] == state]
+    assert not mount.get("readOnly")
+    assert "emptyDir" in volumes_of(spec)[mount["name"]]  # survives a container restart
+    kept = {"nodeAgent": {"kernelLog": {"stateHostPath": "/var/lib/topowatch"}}}
+    host_spec = agent_spec(render(CHART, kept))
+    state = flag(args_of(host_spec), "--kernel-log-state")
+    (mount,) = [m for m in mounts_of(host_spec).values() if m["mountPath"] == state]
+    assert volumes_of(host_spec)[mount["name"]]["hostPath"] == {
+        "path": "/var/lib/topowatch",
+        "type": "DirectoryOrCreate",
+    }
+    assert not mount.get("readOnly")
+
+
+@pytest.mark.parametrize(
+    "kernel_log",
+    [
+        {"source": "dmesg"},
+        {"enabled": "yes"},
+        {"journalGroup": "systemd-journal"},
+        {"journalGroup": -1},
+        {"journalDirs": []},
+        {"journalDirs": ["var/log/journal"]},
+        {"stateHostPath": "relative/dir"},
+        {"privileged": "true"},
+        {"kmsgPath": "/dev/kmsg"},
+    ],
+)
+def test_schema_refuses_kernel_log_values_of_the_wrong_shape(kernel_log: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        helm.Chart.load(CHART).validate_schema({"nodeAgent": {"kernelLog": kernel_log}})
+
+
+def notes(values: dict[str, Any] | None) -> str:
+    rendered_files = helm.Chart.load(CHART).render(
+        values, name=RELEASE, namespace=NAMESPACE, is_install=True
+    )
+    return next(text for path, text in rendered_files.items() if path.endswith("NOTES.txt"))
+
+
+def test_the_install_notes_say_what_each_kernel_log_mode_grants() -> None:
+    journal = notes(None)
+    assert "no privilege, no capability" in journal
+    assert "journalGroup is not set" in journal  # the agent could not open the journal
+    assert "journalGroup is not set" not in notes(
+        {"nodeAgent": {"kernelLog": {"journalGroup": 190}}}
+    )
+    kmsg = notes(KMSG_VALUES)
+    assert "PRIVILEGED" in kmsg and "every" in kmsg and "CAP_SYSLOG" in kmsg
+    assert "dmesg_restrict" in kmsg and "runAsRoot" in kmsg  # CAP_SYSLOG needs root to stick
+    assert "Kernel log monitor: off." in notes({"nodeAgent": {"kernelLog": {"enabled": False}}})
 
 
 # --- prometheus-operator objects (closed subset of monitoring.coreos.com/v1) ----------------

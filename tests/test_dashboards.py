@@ -203,3 +203,181 @@ def test_variables_chain_a_node_to_its_gpus() -> None:
     assert '"$namespace"' in variables["node"]["query"]
     assert 'node="$node"' in variables["gpu"]["query"]
     assert variables["gpu"]["includeAll"] and variables["gpu"]["allValue"] == ".*"
+
+
+# --- NVLink panels on Hopper and on GB200, evaluated by promtool --------------------------------
+
+HOPPER = "hyperpod-i-0a1b2c3d4e5f60718"  # p5: the DL counters
+GB200 = "hyperpod-i-0c3d4e5f607182930"  # p6e-gb200: NVLink5's counters, no DL ones
+_SCRAPE = 'job="topowatch-node"'
+
+
+def _link(node: str, gpu: int, link: int) -> str:
+    return (
+        f'{_SCRAPE},instance="{node}:9402",node="{node}",gpu="{gpu}",uuid="GPU-{gpu}",link="{link}"'
+    )
+
+
+def _gpu(node: str, gpu: int) -> str:
+    return f'{_SCRAPE},instance="{node}:9402",node="{node}",gpu="{gpu}",uuid="GPU-{gpu}"'
+
+
+# Counters every 15 s for 10 minutes; "0+N" grows N per sample, so N/15 per second.
+NVLINK_SERIES = [
+    # Hopper gpu1 link0: 30 CRC flit + 5 CRC data errors/s, a replay/s, a recovery every 15 s.
+    (f"topowatch_nvlink_crc_flit_errors_total{{{_link(HOPPER, 1, 0)}}}", "0+450x40"),
+    (f"topowatch_nvlink_crc_data_errors_total{{{_link(HOPPER, 1, 0)}}}", "0+75x40"),
+    (f"topowatch_nvlink_replay_errors_total{{{_link(HOPPER, 1, 0)}}}", "0+15x40"),
+    (f"topowatch_nvlink_recovery_errors_total{{{_link(HOPPER, 1, 0)}}}", "0+1x40"),
+    # Hopper gpu1 link1: clean.
+    (f"topowatch_nvlink_crc_flit_errors_total{{{_link(HOPPER, 1, 1)}}}", "0x40"),
+    (f"topowatch_nvlink_crc_data_errors_total{{{_link(HOPPER, 1, 1)}}}", "0x40"),
+    (f"topowatch_nvlink_replay_errors_total{{{_link(HOPPER, 1, 1)}}}", "0x40"),
+    (f"topowatch_nvlink_recovery_errors_total{{{_link(HOPPER, 1, 1)}}}", "0x40"),
+    # GB200 gpu0 link2: 50 packets in error/s, 2 malformed/s, a recovery every 15 s.
+    (f"topowatch_nvlink_rx_errors_total{{{_link(GB200, 0, 2)}}}", "0+750x40"),
+    (f"topowatch_nvlink_rx_malformed_packet_errors_total{{{_link(GB200, 0, 2)}}}", "0+30x40"),
+    (f"topowatch_nvlink_rx_buffer_overrun_errors_total{{{_link(GB200, 0, 2)}}}", "0x40"),
+    (f"topowatch_nvlink_rx_general_errors_total{{{_link(GB200, 0, 2)}}}", "0x40"),
+    (f"topowatch_nvlink_link_recoveries_total{{{_link(GB200, 0, 2)}}}", "0+1x40"),
+    # GB200 gpu0 link3: clean.
+    (f"topowatch_nvlink_rx_errors_total{{{_link(GB200, 0, 3)}}}", "0x40"),
+    (f"topowatch_nvlink_rx_malformed_packet_errors_total{{{_link(GB200, 0, 3)}}}", "0x40"),
+    (f"topowatch_nvlink_rx_buffer_overrun_errors_total{{{_link(GB200, 0, 3)}}}", "0x40"),
+    (f"topowatch_nvlink_rx_general_errors_total{{{_link(GB200, 0, 3)}}}", "0x40"),
+    (f"topowatch_nvlink_link_recoveries_total{{{_link(GB200, 0, 3)}}}", "0x40"),
+    # Fabric: GB200 gpu0 registered, gpu1 registration failed; Hopper reports none.
+    (
+        f'topowatch_gpu_fabric_info{{{_gpu(GB200, 0)},state="completed",status="NVML_SUCCESS",'
+        'clique_id="7",cluster_uuid="1c7d2b0e-55aa-4e3c-9a61-2f0e8b7d4c11"}',
+        "1x40",
+    ),
+    (
+        f'topowatch_gpu_fabric_info{{{_gpu(GB200, 1)},state="completed",'
+        'status="NVML_ERROR_INSUFFICIENT_RESOURCES",clique_id="0",'
+        'cluster_uuid="00000000-0000-0000-0000-000000000000"}',
+        "1x40",
+    ),
+    (f"topowatch_gpu_fabric_healthy{{{_gpu(GB200, 0)}}}", "1x40"),
+    (f"topowatch_gpu_fabric_healthy{{{_gpu(GB200, 1)}}}", "0x40"),
+    (f"topowatch_gpu_up{{{_gpu(GB200, 0)}}}", "1x40"),
+    (f"topowatch_gpu_up{{{_gpu(GB200, 1)}}}", "1x40"),
+    (f"topowatch_gpu_up{{{_gpu(HOPPER, 1)}}}", "1x40"),
+]
+
+
+def panel_expr(board: str, where: str, node: str) -> str:
+    exprs = dict(panel_queries(load()[board]))
+    return substitute(exprs[where], {**DEFAULTS, "node": node})
+
+
+def promtool_evaluates(cases: list[dict[str, Any]]) -> None:
+    """Run `promtool test rules` with promql_expr_test cases over NVLINK_SERIES at 5m."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    import yaml
+
+    binary = shutil.which("promtool")
+    if binary is None:
+        pytest.fail("promtool missing: run scripts/bootstrap.sh (Debian package prometheus)")
+    doc = {
+        "rule_files": [],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [{"series": s, "values": v} for s, v in NVLINK_SERIES],
+                "promql_expr_test": [{"eval_time": "5m", **case} for case in cases],
+            }
+        ],
+    }
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "panels.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        result = subprocess.run(
+            [binary, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_nvlink_error_panels_read_both_hoppers_dl_counters_and_gb200s_nvlink5_counters() -> None:
+    """GB200 has no CRC counters: a panel reading only them would be blank there."""
+    errors = "NVLink errors [A]"
+    second = "NVLink errors [B]"
+    recoveries = "NVLink errors [C]"
+    promtool_evaluates(
+        [
+            {
+                "expr": panel_expr("node-hardware", errors, HOPPER),
+                "exp_samples": [{"labels": '{gpu="1", link="0"}', "value": 35}],
+            },
+            {
+                "expr": panel_expr("node-hardware", errors, GB200),
+                "exp_samples": [{"labels": '{gpu="0", link="2"}', "value": 50}],
+            },
+            {
+                "expr": panel_expr("node-hardware", second, HOPPER),
+                "exp_samples": [{"labels": "{" + _link(HOPPER, 1, 0) + "}", "value": 1}],
+            },
+            {
+                "expr": panel_expr("node-hardware", second, GB200),
+                "exp_samples": [{"labels": "{" + _link(GB200, 0, 2) + "}", "value": 2}],
+            },
+            {
+                "expr": panel_expr("node-hardware", recoveries, GB200),
+                "exp_samples": [{"labels": '{gpu="0"}', "value": 1 / 15}],
+            },
+            {
+                "expr": panel_expr("fleet", "NVLink error rate by node [A]", HOPPER),
+                "exp_samples": [
+                    {"labels": f'{{node="{HOPPER}"}}', "value": 35},
+                    {"labels": f'{{node="{GB200}"}}', "value": 50},
+                ],
+            },
+            {
+                "expr": panel_expr("fleet", "NVLink error rate by node [C]", HOPPER),
+                "exp_samples": [
+                    {"labels": f'{{node="{HOPPER}"}}', "value": 1 / 15},
+                    {"labels": f'{{node="{GB200}"}}', "value": 1 / 15},
+                ],
+            },
+        ]
+    )
+
+
+def test_node_board_shows_each_gpus_fabric_and_counts_the_unhealthy_ones() -> None:
+    fabric = "NVLink fabric [A]"
+    promtool_evaluates(
+        [
+            {
+                "expr": panel_expr("node-hardware", fabric, GB200),
+                "exp_samples": [
+                    {
+                        "labels": '{gpu="0", state="completed", status="NVML_SUCCESS",'
+                        ' clique_id="7", cluster_uuid="1c7d2b0e-55aa-4e3c-9a61-2f0e8b7d4c11"}',
+                        "value": 1,
+                    },
+                    {
+                        "labels": '{gpu="1", state="completed",'
+                        ' status="NVML_ERROR_INSUFFICIENT_RESOURCES", clique_id="0",'
+                        ' cluster_uuid="00000000-0000-0000-0000-000000000000"}',
+                        "value": 1,
+                    },
+                ],
+            },
+            {  # a GPU that reports no fabric is listed as such, not left out
+                "expr": panel_expr("node-hardware", fabric, HOPPER),
+                "exp_samples": [{"labels": '{gpu="1", state="not reported"}', "value": 1}],
+            },
+            {
+                "expr": panel_expr("node-hardware", "GPUs with an unhealthy fabric [A]", GB200),
+                "exp_samples": [{"labels": "{}", "value": 1}],
+            },
+            {
+                "expr": panel_expr("node-hardware", "GPUs with an unhealthy fabric [A]", HOPPER),
+                "exp_samples": [{"labels": "{}", "value": 0}],
+            },
+        ]
+    )
