@@ -11,6 +11,9 @@
    the topowatch / node_exporter ratio.
 4. Steady state: the agent's CPU share of one core at a 5 s interval (scraped every 15 s, as a
    Prometheus would), and its RSS.
+5. Kernel log monitor: CPU to read and judge 1,000 kernel log lines a second (1 % of them
+   faults), from the simulated /dev/kmsg and, where this process may write and read it, the
+   real one; a 10,000-line burst, every line read or counted as dropped by the kernel.
 """
 
 from __future__ import annotations
@@ -147,6 +150,120 @@ def bench_poll(polls: int) -> None:
     bench_render(poller, snapshot)
     sources.close()
     node.close()
+
+
+NOISE = (
+    "EXT4-fs (nvme0n1p1): mounted filesystem with ordered data mode. Quota mode: none.",
+    "ena 0000:00:05.0 eth0: Local page cache is disabled for less than 16 channels",
+    "IPv6: ADDRCONF(NETDEV_CHANGE): eth0: link becomes ready",
+    'audit: type=1400 audit(1700000000.123:42): apparmor="STATUS" operation="profile_load"',
+    "nvidia-uvm: Loaded the UVM driver, major device number 510.",
+    "python3[4242]: segfault at 0 ip 00007f0000000000 sp 00007ffd00000000 error 14",
+)
+FAULTS = (
+    "NVRM: Xid (PCI:0000:53:00): 13, pid=4242, name=python3, Graphics Exception: ESR 0x5",
+    "pcieport 0000:00:01.0: AER: Corrected error message received from 0000:53:00.0",
+    "INFO: task python3:4242 blocked for more than 122 seconds.",
+)
+
+
+def log_lines(n: int, tag: str) -> list[str]:
+    """`n` lines, one in a hundred a fault, the rest what a busy node logs."""
+    return [
+        FAULTS[i // 100 % len(FAULTS)] if i % 100 == 0 else f"{NOISE[i % len(NOISE)]} {tag}{i}"
+        for i in range(n)
+    ]
+
+
+def bench_kernel_log(rate: int = 1000, seconds: int = 15) -> None:
+    from exporter.node.kernel_events import KernelLogLedger
+    from exporter.node.kernel_log import record_may_match
+    from exporter.sim.hardware.kmsg import SimKernelLog
+    from exporter.sources.kmsg import KmsgSource
+
+    def judge(source: KmsgSource, write: Callable[[list[str]], None]) -> list[float]:
+        ledger = KernelLogLedger("kmsg")
+        cpu = []
+        for second in range(seconds):
+            write(log_lines(rate, f"s{second}-"))
+            t0 = time.thread_time()
+            ledger.record(source.read())
+            cpu.append(time.thread_time() - t0)
+        assert ledger.lines == rate * seconds, (ledger.lines, ledger.dropped)
+        return cpu
+
+    def report(where: str, cpu: list[float]) -> None:
+        per_second = statistics.median(cpu)
+        print(
+            f"kernel log, {where:<14} {per_second * 1e3:5.2f} ms CPU per 1,000 lines"
+            f" ({per_second / rate * 1e6:.2f} us/line; a 5 s poll at 1,000 lines/s:"
+            f" {per_second * 5e3:.1f} ms)"
+        )
+
+    sim = SimKernelLog(capacity_bytes=1 << 22)
+    gated = sim.source(None, keep=record_may_match)
+    report("sim, gated", judge(gated, lambda lines: [sim.write(x) for x in lines] and None))
+    ungated = sim.source(None)
+    report("sim, ungated", judge(ungated, lambda lines: [sim.write(x) for x in lines] and None))
+
+    n = 10_000
+    for capacity in (1 << 21, 1 << 18):
+        ring = SimKernelLog(capacity_bytes=capacity)
+        ring.write("Linux version 6.1.115 (a booted node has logged something)")
+        source = ring.source(None)
+        for line in log_lines(n, "burst"):
+            ring.write(line)
+        got = dropped = 0
+        while True:
+            batch = source.read()
+            got, dropped = got + len(batch.records), dropped + batch.dropped
+            if not batch.records:
+                break
+        print(
+            f"kernel log, 10,000-line burst into a {capacity >> 10} KiB sim ring: {got} read,"
+            f" {dropped} counted dropped (sum {got + dropped})"
+        )
+
+    if not (os.access("/dev/kmsg", os.R_OK | os.W_OK)):
+        print("kernel log, real /dev/kmsg: not readable and writable here; skipped")
+        return
+
+    def to_kmsg(lines: list[str]) -> None:
+        for line in lines:  # the kernel rate-limits 10 writes per open file per 5 s
+            fd = os.open("/dev/kmsg", os.O_WRONLY)
+            try:
+                os.write(fd, f"<6>{line}\n".encode())
+            finally:
+                os.close(fd)
+
+    real = KmsgSource("/dev/kmsg", keep=record_may_match)
+    try:
+        report("real /dev/kmsg", judge(real, to_kmsg))
+    finally:
+        real.close()
+    burst = KmsgSource("/dev/kmsg")
+    try:
+        to_kmsg(log_lines(n, "burst-real-"))
+        got = dropped = 0
+        while True:
+            batch = burst.read()
+            got += sum(
+                1
+                for r in batch.records
+                if "burst-real-" in r.message
+                or "Xid" in r.message
+                or "AER" in r.message
+                or "INFO: task" in r.message
+            )
+            dropped += batch.dropped
+            if not batch.records:
+                break
+        print(
+            f"kernel log, 10,000-line burst into the real /dev/kmsg: {got} read,"
+            f" {dropped} counted dropped by the kernel (sum {got + dropped})"
+        )
+    finally:
+        burst.close()
 
 
 def bench_render(poller: Poller, snapshot: object) -> None:
@@ -356,6 +473,7 @@ def main() -> None:
     exit_on_sigterm()  # so that a SIGTERM'd run stops its agents too (see benchmarks/_procs.py)
     print(f"topowatch node agent on the {PROFILE} simulation ({os.cpu_count()} CPUs)")
     bench_poll(args.polls)
+    bench_kernel_log()
     bench_scrapes(args.scrapes, args.clients, args.steady_seconds)
 
 

@@ -21,7 +21,9 @@ from healthcheck.config import ConfigError, HealthConfig, load_config
 from healthcheck.monitor import HealthMonitor
 
 if TYPE_CHECKING:
+    from exporter.sim.hardware.node import SimulatedNode
     from exporter.sources.custom_checks import CustomCheckRunner
+    from exporter.sources.interfaces import KernelLogSource
     from healthcheck.reporter import NodeReporter
 
 log = logging.getLogger("topowatch")
@@ -129,6 +131,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     node.add_argument(
         "--no-health", action="store_true", help="do not run the health checks at all"
+    )
+    node.add_argument(
+        "--kernel-log",
+        choices=("auto", "kmsg", "journal", "off"),
+        default="auto",
+        help="watch the kernel log for faults NVML cannot see: /dev/kmsg (needs CAP_SYSLOG "
+        "where kernel.dmesg_restrict=1, and the device), the systemd journal (read-only "
+        "mounts), auto: kmsg if it can be read, else the journal, else off (default: auto)",
+    )
+    node.add_argument(
+        "--kernel-log-state",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where to remember the last kernel log record read, so a restarted agent neither "
+        "replays old lines nor loses new ones (default: none; every start begins at the end)",
+    )
+    node.add_argument(
+        "--journal-dir",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="systemd journal directory (repeatable; default /var/log/journal, /run/log/journal)",
     )
     node.add_argument(
         "--report-node-status",
@@ -430,6 +456,38 @@ def custom_check_runner(monitor: HealthMonitor | None) -> CustomCheckRunner | No
     return CustomCheckRunner(specs, history=history)
 
 
+DEFAULT_JOURNAL_DIRS = (Path("/var/log/journal"), Path("/run/log/journal"))
+
+
+def kernel_log_source(
+    args: argparse.Namespace, sim: SimulatedNode | None
+) -> KernelLogSource | None:
+    """The kernel log the flags ask for; None (logged once) when it is off or none can be read:
+    the monitor is optional, the rest of the agent runs without it."""
+    if args.kernel_log == "off":
+        return None
+    if sim is not None:
+        return sim.kernel_log_source(args.kernel_log_state)
+    from exporter.node.kernel_log import record_may_match
+    from exporter.sources.kmsg import UnreadableKernelLog, open_kernel_log
+
+    source, why = open_kernel_log(
+        args.kernel_log,
+        kmsg_path=Path("/dev/kmsg"),
+        journal_dirs=args.journal_dir or DEFAULT_JOURNAL_DIRS,
+        state_dir=args.kernel_log_state,
+        keep=record_may_match,
+    )
+    if source is None and args.kernel_log != "auto":
+        log.warning("kernel log monitor asked for cannot read: %s", why)
+        return UnreadableKernelLog(args.kernel_log, why)
+    if source is None:
+        log.warning("kernel log monitor off: %s", why)
+    else:
+        log.info("kernel log monitor reading %s", source.name)
+    return source
+
+
 def wants_node_status(args: argparse.Namespace) -> bool:
     if args.report_node_status is not None:
         return bool(args.report_node_status)
@@ -489,6 +547,7 @@ def run_node(args: argparse.Namespace) -> int:
         sources = real_sources(args, node_name)
     checks = custom_check_runner(monitor)
     sources.custom_checks = checks
+    sources.kernel_log = kernel_log_source(args, sim)
     poller = Poller(node_name, sources, compat=args.compat, health=monitor)
     reporter = None
     if monitor is not None and wants_node_status(args):

@@ -262,6 +262,25 @@ class EfaPortReading:
 
 
 @dataclass(frozen=True, slots=True)
+class EfaNetdevReading:
+    """The ENA network interface paired with an EFA device (same ENI MAC), as sysfs shows it.
+
+    The efa driver hard-codes its port state to ACTIVE/LinkUp; this is where link loss shows.
+    """
+
+    interface: str  # "ens32"
+    operstate: str | None = None  # RFC 2863 text: "up", "down", "lowerlayerdown", "unknown", ...
+    carrier: bool | None = None  # None: unreadable (EINVAL while administratively down)
+    carrier_changes: int | None = None
+
+    @property
+    def link_up(self) -> bool:
+        """operstate "up" (or "unknown": drivers that report no carrier state read so while
+        forwarding) and the carrier not lost."""
+        return self.operstate in (None, "up", "unknown") and self.carrier is not False
+
+
+@dataclass(frozen=True, slots=True)
 class EfaDeviceReading:
     device: str  # "rdmap16s27"
     pci_address: str | None = None  # sysfs form, "0000:10:1b.0"
@@ -271,6 +290,7 @@ class EfaDeviceReading:
     )  # device-level hw_counters, by kernel name
     ports: tuple[EfaPortReading, ...] = ()
     error: str | None = None  # files that held garbage, if any
+    netdev: EfaNetdevReading | None = None  # None: an EFA-only interface (no ENA netdev)
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,6 +409,7 @@ class KernelLogBatch:
     records: tuple[KernelLogRecord, ...] = ()
     dropped: int = 0  # records the kernel overwrote before they were read (EPIPE: a seq gap)
     malformed: int = 0  # records that could not be parsed (garbage, truncated)
+    skipped: int = 0  # records read but not handed out: no fault pattern can match them
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,11 +430,16 @@ class KernelLogEvent:
 
 @dataclass(frozen=True, slots=True)
 class KernelLogCount:
+    """Matched lines since the agent started, per (kind, pattern, severity, GPU, device)."""
+
     kind: str
     pattern: str
+    severity: str
     gpu: str  # GPU index, "" when the line names none of ours
     device: str  # the line's device (PCI address, EFA device), "" when none
     count: int
+    last_at: float  # when the latest of them was logged (unix seconds)
+    last_message: str  # the latest of them, capped
 
 
 @dataclass(frozen=True, slots=True)

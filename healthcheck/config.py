@@ -9,6 +9,7 @@ typo in the file is an error naming the key rather than a silently ignored setti
     nvml: {reset_action: reboot, timeout_action: reboot, timeout_needs_evidence: true}
     nvlink: {max_errors_per_second: {crc_flit: 10, rx: 10}}
     fabric: {startup_grace_seconds: 300, action: reboot}
+    kernel_log: {hold_seconds: 3600, fatal_action: reboot, error_action: none}
     instance_types: {ml.p5.48xlarge: {gpus: 8, efa: 32}}
     custom_checks: [{name: gpu-burn, path: /opt/checks/burn.sh, args: [-q], action: reboot}]
 """
@@ -174,10 +175,37 @@ class ThermalConfig:
 class EfaConfig:
     # A dead peer raises these counters on every healthy node that talks to it, so they are a
     # warning with no action: acting on them would take out healthy nodes by the dozen.
-    remote_errors_per_second: float = 1.0
+    remote_errors_per_second: float = 1.0  # NVSentinel's efa_unresponsive/impaired: > 1/s
     remote_counters: frozenset[str] = frozenset(
         {"unresponsive_remote_events", "impaired_remote_conn_events"}
     )
+    # The device's own errors (efa_device_errors). cmds_err and rx_drops: NVSentinel's
+    # nic-health-monitor (> 10/min, > 100/s; EKS NMA also allows rx_drops 100/s).
+    # retrans_timeout_events: EKS node monitoring agent's rate (1/s sustained).
+    cmds_err_per_minute: float = 10.0
+    rx_drops_per_second: float = 100.0
+    retrans_timeouts_per_second: float = 1.0
+    # A device error is a warning; it can also be lost traffic to a sick peer, so no action
+    # unless told to.
+    device_errors_action: str = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLogConfig:
+    """What kernel log lines ask for (healthcheck/checks/kernel_log.py). XID lines are not
+    judged here: they join NVML's XIDs and the XID check judges them by NVIDIA's catalog."""
+
+    # A line is an event: its finding stays active this long after the latest such line.
+    hold_seconds: float = 3600.0
+    # Lines the pattern table marks fatal: a GPU fallen off the bus, an uncorrectable fatal
+    # PCIe error, a fatal SXID, an EFA device reset that failed. A reboot is the first rung.
+    fatal_action: str = "reboot"
+    # Errors (an EFA admin command timeout, an uncorrected non-fatal AER, an NVLink error
+    # line): reported; the driver or hardware usually recovers, so act only if told to.
+    error_action: str = "none"
+    # Corrected PCIe errors are counted, not reported, unless one device logged this many since
+    # the agent started and the latest is within the hold window (0: never report them).
+    corrected_report_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +220,7 @@ class HealthConfig:
     pcie: PcieConfig = field(default_factory=PcieConfig)
     thermal: ThermalConfig = field(default_factory=ThermalConfig)
     efa: EfaConfig = field(default_factory=EfaConfig)
+    kernel_log: KernelLogConfig = field(default_factory=KernelLogConfig)
     instance_types: Mapping[str, InstanceShape] = field(
         default_factory=lambda: DEFAULT_INSTANCE_TYPES
     )
@@ -295,7 +324,17 @@ def config_from_mapping(data: object) -> HealthConfig:
             values[key] = MappingProxyType({**base.instance_types, **extra})
         elif key == "custom_checks":
             continue  # below: an entry's default damping is the top-level one
-        elif key in ("xid", "nvml", "memory", "nvlink", "fabric", "pcie", "thermal", "efa"):
+        elif key in (
+            "xid",
+            "nvml",
+            "memory",
+            "nvlink",
+            "fabric",
+            "pcie",
+            "thermal",
+            "efa",
+            "kernel_log",
+        ):
             values[key] = _dataclass(getattr(base, key), raw, key)
         else:
             raise ConfigError(_unknown(key, "", [f.name for f in dataclasses.fields(base)]))
@@ -314,6 +353,9 @@ def _validate(config: HealthConfig) -> None:
         ("nvml.reset_action", config.nvml.reset_action),
         ("nvml.timeout_action", config.nvml.timeout_action),
         ("fabric.action", config.fabric.action),
+        ("efa.device_errors_action", config.efa.device_errors_action),
+        ("kernel_log.fatal_action", config.kernel_log.fatal_action),
+        ("kernel_log.error_action", config.kernel_log.error_action),
     ):
         if action not in ACTIONS:
             raise ConfigError(f"{name} must be one of {', '.join(ACTIONS)}")
@@ -331,7 +373,12 @@ def _validate(config: HealthConfig) -> None:
         "memory.retired_pages_max": config.memory.retired_pages_max,
         "thermal.sustain_seconds": config.thermal.sustain_seconds,
         "fabric.startup_grace_seconds": config.fabric.startup_grace_seconds,
+        "kernel_log.hold_seconds": config.kernel_log.hold_seconds,
+        "kernel_log.corrected_report_count": config.kernel_log.corrected_report_count,
         "efa.remote_errors_per_second": config.efa.remote_errors_per_second,
+        "efa.cmds_err_per_minute": config.efa.cmds_err_per_minute,
+        "efa.rx_drops_per_second": config.efa.rx_drops_per_second,
+        "efa.retrans_timeouts_per_second": config.efa.retrans_timeouts_per_second,
         **{
             f"nvlink.max_errors_per_second.{k}": v
             for k, v in config.nvlink.max_errors_per_second.items()

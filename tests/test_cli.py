@@ -71,6 +71,33 @@ def test_no_gpu_no_simulation_still_exports_with_the_reason(tmp_path: Path) -> N
     assert promtool_lint(proc.stdout) == ""
 
 
+def test_a_kernel_log_asked_for_and_unreadable_is_a_failing_collector_not_a_dead_agent(
+    tmp_path: Path,
+) -> None:
+    """`--kernel-log journal` with no journal to read (the chart's journal mounts without the
+    systemd-journal group, say): the agent serves, and says why in its metrics and log."""
+    proc = topowatch(
+        "node",
+        "--once",
+        "--no-kubernetes",
+        "--sysfs-root",
+        str(tmp_path),
+        "--proc-root",
+        str(tmp_path),
+        "--kernel-log",
+        "journal",
+        "--journal-dir",
+        str(tmp_path / "no-journal-here"),
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b'topowatch_exporter_collector_success{node="cli-node",collector="kernel_log"} 0' in (
+        proc.stdout
+    )
+    assert b'collector="kernel_log",reason="journal_unreadable"' in proc.stdout
+    assert b"no-journal-here" in proc.stderr
+    assert promtool_lint(proc.stdout) == ""
+
+
 def test_every_subcommand_has_help() -> None:
     proc = topowatch("node", "--help")
     assert proc.returncode == 0 and b"--simulate" in proc.stdout and b"--compat" in proc.stdout

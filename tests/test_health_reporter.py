@@ -158,6 +158,34 @@ def test_recovery_flips_the_condition_and_announces_it(api: KubeApi, store: Obje
     assert "rootfs_read_only" in events(store)[1]["message"]
 
 
+def test_efa_remote_errors_are_published_for_the_cluster_service_but_change_no_verdict(
+    api: KubeApi, server: FakeApiServer, store: ObjectStore
+) -> None:
+    """Rising EFA remote-error counters are a warning with no action on one node (a dead peer
+    raises them on every healthy node that talks to it); the cluster service correlates them
+    across a workload's nodes (exporter/cluster/efa_remotes.py), so the annotation carries them.
+    They never make the node unhealthy nor post an Event, and their start and end rewrite the
+    annotation at once (not at the next refresh), so the correlation sees them in time."""
+    clock = Clock()
+    reporter = NodeReporter(api, NODE, clock=clock, refresh_seconds=300)
+    remote = Finding("efa_remote_errors", "rdmap16s27:1", "warning", "none", "+5/s", T0, T0, False)
+    assert reporter.report(report(NUMA))
+    writes = server.requests["PATCH nodes"]
+    clock.now += 10
+    assert reporter.report(report(NUMA, remote))
+    assert server.requests["PATCH nodes"] > writes
+    text = annotation(store)
+    assert text is not None
+    assert [(f.check, f.actionable) for f in findings_from_json(text)] == [
+        ("efa_remote_errors", False)
+    ]  # the NUMA warning is still left out
+    assert conditions(store)[HEALTH_CONDITION]["status"] == "True"
+    assert events(store) == []
+    clock.now += 10
+    assert reporter.report(report(NUMA))
+    assert annotation(store) == "[]"
+
+
 def test_a_healthy_start_posts_no_event(api: KubeApi, store: ObjectStore) -> None:
     NodeReporter(api, NODE, clock=Clock()).report(report())
     assert conditions(store)[HEALTH_CONDITION]["status"] == "True"

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from exporter.exposition import Exposition, Family
 from exporter.node.affinity import compute_affinity
 from exporter.node.compat import dcgm, efa
+from exporter.node.kernel_events import KernelLogLedger
 from exporter.node.render import render
 from exporter.node.xid import XidLedger
 from exporter.snapshot import (
@@ -25,6 +26,8 @@ from exporter.snapshot import (
     EfaDeviceReading,
     GpuAffinity,
     GpuInventory,
+    KernelLogBatch,
+    KernelLogReading,
     NodeSnapshot,
     NodeTopology,
     NumaNodeReading,
@@ -34,6 +37,7 @@ from exporter.sources import sysfs
 from exporter.sources.interfaces import (
     CustomCheckSource,
     GpuSource,
+    KernelLogSource,
     NodeLabelsSource,
     PodResourcesSource,
     SourceError,
@@ -60,6 +64,7 @@ class NodeSources:
     proc_root: Path = Path("/proc")
     before_poll: Callable[[float], None] | None = None  # the simulation advances its clock here
     custom_checks: CustomCheckSource | None = None  # admins' scripts, run in the background
+    kernel_log: KernelLogSource | None = None  # /dev/kmsg or the journal; None: monitor off
 
     def close(self) -> None:
         self.gpu.close()
@@ -68,6 +73,8 @@ class NodeSources:
             self.pods.close()
         if self.custom_checks is not None:
             self.custom_checks.close()
+        if self.kernel_log is not None:
+            self.kernel_log.close()
 
 
 class _Degraded(SourceError):
@@ -111,6 +118,9 @@ class Poller:
         self._previous: NodeSnapshot | None = None
         self.health = health
         self._health_failed = False
+        self._kernel: KernelLogLedger | None = None
+        if sources.kernel_log is not None:
+            self._kernel = KernelLogLedger(sources.kernel_log.name)
 
     # -- one poll ---------------------------------------------------------------------------
 
@@ -120,6 +130,7 @@ class Poller:
             self.sources.before_poll(now)
         run: list[CollectorStatus] = []
         gpu = self._collect(run, "gpu", self._read_gpu, GpuInventory(available=False))
+        gpu, kernel = self._read_kernel_log(run, gpu, now)
         no_efa: tuple[EfaDeviceReading, ...] = ()
         no_numa: tuple[NumaNodeReading, ...] = ()
         no_affinity: tuple[GpuAffinity, ...] = ()
@@ -163,6 +174,7 @@ class Poller:
             last_success=self._last_success,
             rootfs_read_only=rootfs_ro,
             custom_checks=custom,
+            kernel_log=kernel,
         )
         self._observe_health(snapshot)
         exposition = Exposition.build(self.families(snapshot))
@@ -253,6 +265,22 @@ class Poller:
         if lost:
             self._count("gpu", "gpu_unreadable", lost)
         return gpu
+
+    def _read_kernel_log(
+        self, run: list[CollectorStatus], gpu: GpuInventory, now: float
+    ) -> tuple[GpuInventory, KernelLogReading | None]:
+        """The kernel log's new lines as events; its XIDs merged with NVML's, each fault once
+        (exporter/node/kernel_events.py), so the XID ledger and checks see one stream."""
+        source, ledger = self.sources.kernel_log, self._kernel
+        if source is None or ledger is None:
+            return gpu, None
+        ledger.learn_gpus(gpu)
+        batch = self._collect(run, "kernel_log", source.read, KernelLogBatch())
+        events = ledger.record(batch)
+        merged = ledger.merge_xids(gpu.xid_events, ledger.log_xids(events), now)
+        if merged != gpu.xid_events:
+            gpu = replace(gpu, xid_events=merged)
+        return gpu, ledger.reading(events)
 
     def _count_efa_problems(self, devices: Sequence[EfaDeviceReading]) -> None:
         bad = sum(1 for d in devices if d.error)

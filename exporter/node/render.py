@@ -338,6 +338,7 @@ def render(snapshot: NodeSnapshot) -> list[Family]:
     _render_efa(fams, snapshot, node)
     _render_numa(fams, snapshot, node)
     _render_custom_checks(fams, snapshot, node)
+    _render_kernel_log(fams, snapshot)
     return list(fams)
 
 
@@ -601,13 +602,28 @@ def efa_counter_name(counter: str) -> str:
 
 def _render_efa(fams: _Families, s: NodeSnapshot, node: str) -> None:
     info = fams.get("topowatch_efa_device", INFO, "An EFA device, its PCI address and NUMA node.")
-    port_up = fams.get("topowatch_efa_port_up", GAUGE, "1 when the EFA port state is ACTIVE.")
+    port_up = fams.get(
+        "topowatch_efa_port_up",
+        GAUGE,
+        "1 when the EFA port state is ACTIVE (the efa driver always reports ACTIVE: see"
+        " topowatch_efa_netdev_up).",
+    )
     port_info = fams.get(
         "topowatch_efa_port",
         INFO,
         "EFA port state, physical state and link layer as sysfs reports them.",
     )
     rate = fams.get("topowatch_efa_port_rate_bytes_per_second", GAUGE, "EFA port signalling rate.")
+    netdev_up = fams.get(
+        "topowatch_efa_netdev_up",
+        GAUGE,
+        "1 when the ENA interface paired with the EFA device is up (operstate, carrier).",
+    )
+    carrier_changes = fams.get(
+        "topowatch_efa_netdev_carrier_changes",
+        COUNTER,
+        "Carrier changes of the ENA interface paired with the EFA device.",
+    )
     counter_fams: dict[str, Family] = {}
 
     def counter_family(name: str, level: str) -> Family:
@@ -626,6 +642,12 @@ def _render_efa(fams: _Families, s: NodeSnapshot, node: str) -> None:
         )
         for name, v in d.counters.items():
             counter_family(name, "device").add_rendered("{" + dl + "}", v)
+        nd = d.netdev
+        if nd is not None:
+            il = f'{{{dl},interface="{_q(nd.interface)}"}}'
+            netdev_up.add_rendered(il, nd.link_up)
+            if nd.carrier_changes is not None:
+                carrier_changes.add_rendered(il, nd.carrier_changes)
         for port in d.ports:
             pl = f'{dl},port="{port.port}"'
             if port.state is not None:
@@ -693,6 +715,54 @@ def _render_custom_checks(fams: _Families, s: NodeSnapshot, node: str) -> None:
             runs.add([*labels, ("result", result)], n)
         if c.duration_buckets:
             duration.add_histogram(labels, c.duration_buckets, c.duration_sum, c.duration_count)
+
+
+def _render_kernel_log(fams: _Families, s: NodeSnapshot) -> None:
+    """Kernel log lines that matched the pattern table, counted since the agent started, and
+    the time of the latest per series (alerts key on it: a counter's first sample is no
+    `increase`). Absent when the monitor is off; the line counters say it reads."""
+    k = s.kernel_log
+    if k is None:
+        return
+    base = [("node", s.node), ("source", k.source)]
+    for name, help_text, value in (
+        ("topowatch_kernel_log_lines", "Kernel log records read.", k.lines),
+        (
+            "topowatch_kernel_log_dropped",
+            "Kernel log records the kernel overwrote before the agent read them.",
+            k.dropped,
+        ),
+        (
+            "topowatch_kernel_log_malformed",
+            "Kernel log records that could not be parsed (garbage, truncated).",
+            k.malformed,
+        ),
+    ):
+        fams.get(name, COUNTER, help_text).add(base, value)
+    if not k.counts:
+        return
+    events = fams.get(
+        "topowatch_kernel_log_events",
+        COUNTER,
+        "Kernel log lines that matched a fault pattern (XID, SXID, fallen off the bus, EFA "
+        "driver, PCIe AER, NVLink, hung task), by the GPU or device they name.",
+    )
+    last = fams.get(
+        "topowatch_kernel_log_last_event_timestamp_seconds",
+        GAUGE,
+        "When the latest line of each kernel log event series was logged (unix seconds).",
+    )
+    for c in k.counts:
+        labels = [
+            ("node", s.node),
+            ("kind", c.kind),
+            ("pattern", c.pattern),
+            ("severity", c.severity),
+            ("gpu", c.gpu),
+            ("device", c.device),
+        ]
+        events.add(labels, c.count)
+        last.add(labels, c.last_at)
 
 
 def render_sorted_names(families: Sequence[Family]) -> list[str]:

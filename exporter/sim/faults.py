@@ -17,11 +17,23 @@
                            (profiles with a fabric: p6e-gb200)
     efa-missing@rdmap16s27 the EFA device disappears from sysfs
     efa-unresponsive@rdmap16s27  unresponsive_remote_events keeps rising on that device
+    efa-link-down@rdmap16s27     the device's link dies: its ENA netdev, where it has one, goes
+                           operstate down / carrier 0 (carrier_changes +1); its traffic
+                           counters stop and retransmit timeouts and unresponsive-remote
+                           events rise. The sysfs port state stays ACTIVE, as the efa
+                           driver hard-codes it
+    aer@gpu4               an uncorrected (non-fatal) PCIe error on GPU 4, in the kernel log only
+    efa-reset-failed@rdmap16s27  the efa driver fails to reset that device (kernel log only)
+    hung-task              a task blocked for more than 122 s (kernel log only)
     rootfs-ro              the root filesystem is read-only
     nvml-library-missing   nvmlInit fails LIBRARY_NOT_FOUND, as pynvml does when it cannot load
                            libnvidia-ml.so.1 (the pod runs without the NVIDIA runtime class)
     nvml-no-permission     nvmlInit fails NO_PERMISSION (the device files are not the agent's to
                            open: 0660 root:video, no supplemental group)
+
+Faults the kernel log shows are written to the simulated /dev/kmsg in the real driver's format
+(exporter/sim/hardware/kmsg.py) once the agent reads it: every XID (as the driver logs each one
+it raises), and for gpu-lost the XID 79 and fallen-off-the-bus lines that NVML never delivers.
 
 The two nvml-* node faults are deployment faults: they say how the agent was deployed, nothing
 about the hardware. Injected at start, NVML never works; injected later, NVML keeps working
@@ -47,12 +59,13 @@ GPU_FAULTS = frozenset(
         "thermal",
         "pcie-degraded",
         "fabric-degraded",
+        "aer",
     }
 )
 LINK_FAULTS = frozenset({"nvlink-down", "nvlink-crc"})
-EFA_FAULTS = frozenset({"efa-missing", "efa-unresponsive"})
+EFA_FAULTS = frozenset({"efa-missing", "efa-unresponsive", "efa-link-down", "efa-reset-failed"})
 NVML_INIT_FAULTS = frozenset({"nvml-library-missing", "nvml-no-permission"})
-NODE_FAULTS = frozenset({"rootfs-ro"}) | NVML_INIT_FAULTS
+NODE_FAULTS = frozenset({"rootfs-ro", "hung-task"}) | NVML_INIT_FAULTS
 KINDS = GPU_FAULTS | LINK_FAULTS | EFA_FAULTS | NODE_FAULTS | {"xid"}
 
 _GPU = re.compile(r"gpu(\d+)")

@@ -17,6 +17,7 @@ each file) and lists each hw_counters directory exactly once per call.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import re
@@ -24,7 +25,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from exporter.snapshot import EfaDeviceReading, EfaPortReading, NumaNodeReading
+from exporter.snapshot import (
+    EfaDeviceReading,
+    EfaNetdevReading,
+    EfaPortReading,
+    NumaNodeReading,
+)
 from exporter.sources.pci import nvml_to_sysfs_address
 
 StrPath = str | os.PathLike[str]
@@ -107,6 +113,9 @@ def read_efa(sysfs_root: StrPath) -> tuple[EfaDeviceReading, ...]:
     driver unbinds) a device named `rdmap...` is still accepted: that is the name the rdma-core
     udev rules give PCI RDMA devices, and EFA is the only RDMA device on these instances. A
     device whose driver link names another driver (mlx5_core, irdma, ...) is left out.
+
+    Each device's `netdev` is the ENA interface of the same ENI, where there is one (see
+    `_pair_netdevs`); EFA-only interfaces have none.
     """
     class_dir = os.path.join(os.fspath(sysfs_root), "class", "infiniband")
     try:
@@ -120,16 +129,137 @@ def read_efa(sysfs_root: StrPath) -> tuple[EfaDeviceReading, ...]:
             return ()
         names.sort(key=_natural_key)
         out: list[EfaDeviceReading] = []
+        macs: dict[str, str] = {}  # device -> ENI MAC its GID carries
         for name in names:
-            reading = _read_efa_device(class_fd, name)
+            reading = _read_efa_device(class_fd, name, macs)
             if reading is not None:
                 out.append(reading)
+        if macs:
+            return _pair_netdevs(sysfs_root, out, macs)
         return tuple(out)
     finally:
         os.close(class_fd)
 
 
-def _read_efa_device(class_fd: int, name: str) -> EfaDeviceReading | None:
+# ----------------------------------------------------------------------------- EFA netdev
+
+
+def _pair_netdevs(
+    sysfs_root: StrPath, devices: list[EfaDeviceReading], macs: dict[str, str]
+) -> tuple[EfaDeviceReading, ...]:
+    """Attach to each EFA device the ENA interface of the same ENI, matched by MAC address.
+
+    The efa driver ties no netdev to its IB device (amzn-drivers kernel/linux/efa: no get_netdev,
+    no ib_device_set_netdev), and the ENA and EFA halves of an "EFA with ENA" interface are two
+    PCI functions (device ids 0xec20.. for ena, 0xefa0..0xefa3 for efa; lspci on trn1 in the
+    Neuron docs lists ENA at a0:00.0 and EFA at a0:19.0), so the netdev hangs under the ENA
+    function, not under `/sys/class/infiniband/<dev>/device/net/` where NVSentinel's
+    EFAStateCheck looks (its doc asks for validation on p4d/p5). What ties them is the ENI:
+    the device's GID (`ports/1/gids/0`, the address the device reports, efa_query_gid) is
+    fe80::/64 with the ENI MAC as modified EUI-64 (ff:fe in the middle, the U/L bit flipped),
+    e.g. port GUID 0x100bf5fffe02e2b0 for MAC 12:0b:f5:02:e2:b0 (amzn/amzn-drivers#114). So
+    the interface under `/sys/class/net` with that `address` and a `device` link (a bridge or
+    VLAN on top of the ENA shares its MAC but has none) is the device's ENA. An EFA-only
+    interface (p5's usual layout: no ENA on most network cards) matches nothing and keeps
+    `netdev=None`. An interface that vanishes between listing and reading is left out.
+    """
+    net_dir = os.path.join(os.fspath(sysfs_root), "class", "net")
+    try:
+        net_fd = os.open(net_dir, _O_DIR)
+    except OSError:
+        return tuple(devices)
+    try:
+        try:
+            interfaces = os.listdir(net_fd)
+        except OSError:
+            return tuple(devices)
+        wanted = {mac: dev for dev, mac in macs.items()}
+        found: dict[str, EfaNetdevReading] = {}
+        for iface in sorted(interfaces):
+            try:
+                if_fd = os.open(iface, _O_DIR, dir_fd=net_fd)
+            except OSError:
+                continue  # gone since the listing
+            try:
+                try:
+                    os.readlink("device", dir_fd=if_fd)
+                except OSError:
+                    continue  # virtual (bridge, VLAN, bond, veth): it may share the ENA's MAC
+                address = _read_attr(if_fd, "address")
+                if address is None:
+                    continue
+                dev = wanted.get(address.strip().lower())
+                if dev is None or dev in found:
+                    continue
+                found[dev] = _read_netdev(if_fd, iface)
+            finally:
+                os.close(if_fd)
+    finally:
+        os.close(net_fd)
+    if not found:
+        return tuple(devices)
+    return tuple(
+        dataclasses.replace(d, netdev=found[d.device]) if d.device in found else d for d in devices
+    )
+
+
+def _read_netdev(if_fd: int, iface: str) -> EfaNetdevReading:
+    """operstate, carrier and carrier_changes of one interface.
+
+    `carrier` fails with EINVAL while the interface is administratively down (the kernel only
+    answers it for a running device); that reads as unknown (None), not as an error:
+    operstate already says "down" then.
+    """
+    operstate = _read_attr(if_fd, "operstate")
+    carrier_text = _read_attr(if_fd, "carrier")
+    changes_text = _read_attr(if_fd, "carrier_changes")
+    carrier = None
+    if carrier_text is not None and carrier_text.strip() in ("0", "1"):
+        carrier = carrier_text.strip() == "1"
+    changes = None
+    if changes_text is not None and changes_text.strip().isdigit():
+        changes = int(changes_text)
+    return EfaNetdevReading(
+        interface=iface,
+        operstate=(operstate.strip().lower() or None) if operstate is not None else None,
+        carrier=carrier,
+        carrier_changes=changes,
+    )
+
+
+def _read_attr(dir_fd: int, name: str) -> str | None:
+    """A short attribute as text; None when it is absent or cannot be read (EINVAL, ENOENT)."""
+    try:
+        fd = os.open(name, _O_FILE, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, _READ_SIZE)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("ascii", "replace")
+
+
+def gid_mac(gid: str) -> str | None:
+    """The MAC an EFA GID carries as modified EUI-64 ("fe80:0000:0000:0000:100b:f5ff:fe02:e2b0"
+    -> "12:0b:f5:02:e2:b0"); None when the interface id is not EUI-64 from a MAC."""
+    parts = gid.strip().split(":")
+    if len(parts) != 8:
+        return None
+    try:
+        words = [int(p, 16) for p in parts[4:]]
+    except ValueError:
+        return None
+    raw = b"".join(w.to_bytes(2, "big") for w in words if 0 <= w <= 0xFFFF)
+    if len(raw) != 8 or raw[3:5] != b"\xff\xfe":
+        return None
+    mac = bytes([raw[0] ^ 0x02, raw[1], raw[2], raw[5], raw[6], raw[7]])
+    return ":".join(f"{b:02x}" for b in mac)
+
+
+def _read_efa_device(class_fd: int, name: str, macs: dict[str, str]) -> EfaDeviceReading | None:
     try:
         dev_fd = os.open(name, _O_DIR, dir_fd=class_fd)
     except OSError:
@@ -153,6 +283,10 @@ def _read_efa_device(class_fd: int, name: str) -> EfaDeviceReading | None:
             return None  # the device went away while we read it
         pci_address = _pci_address(dev_fd)
         numa_node = _read_numa_node(dev_fd, "device/numa_node")
+        gid = _read_attr(dev_fd, "ports/1/gids/0")
+        mac = gid_mac(gid) if gid is not None else None
+        if mac is not None:
+            macs[name] = mac
         return EfaDeviceReading(
             device=name,
             pci_address=pci_address,

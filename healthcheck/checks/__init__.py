@@ -17,6 +17,7 @@ from healthcheck.checks import (
     efa,
     fabric,
     inventory,
+    kernel_log,
     memory,
     numa,
     nvlink,
@@ -43,6 +44,7 @@ FAMILIES: tuple[tuple[str, Check], ...] = (
     ("numa", numa.check),
     ("rootfs", rootfs.check),
     ("custom", custom.check),
+    ("kernel_log", kernel_log.check),
 )
 
 __all__ = ["FAMILIES", "CheckRun", "History", "run_check_families", "run_checks"]

@@ -13,15 +13,26 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from exporter.node.kernel_log import record_may_match
 from exporter.node.poller import NodeSources
 from exporter.sim.faults import EFA_FAULTS, Fault, FaultSpecError
+from exporter.sim.hardware.kmsg import SimKernelLog
 from exporter.sim.hardware.nvml import SimulatedNvml
 from exporter.sim.hardware.profiles import HardwareProfile
 from exporter.sim.hardware.sysfs import SimulatedSysfs
 from exporter.snapshot import PodRef
+from exporter.sources.kmsg import KmsgSource
 from exporter.sources.kube import StaticNodeLabels
 from exporter.sources.nvml import NvmlGpuSource
 from exporter.sources.podresources import StaticPodResources
+
+# Lines any GPU node logs at boot: the pattern table must let them pass.
+_BOOT_LINES = (
+    "Linux version 6.1.115-126.197.amzn2023.x86_64 (mockbuild@ip-10-0-50-1) #1 SMP",
+    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.127.05  Tue Oct  8 03:22:07 UTC 2024",
+    "pcieport 0000:00:01.0: AER: enabled with IRQ 122",
+    "efa 0000:10:1b.0 rdmap16s27: IB device registered",
+)
 
 
 class SimClock:
@@ -84,11 +95,20 @@ class SimulatedNode:
         self.labels = StaticNodeLabels(dict(profile.topology_labels))
         uuids = [self.nvml.uuid_of(i) for i in range(len(profile.gpus))]
         self.pods = StaticPodResources(simulated_pods(profile, uuids))
+        # Booted a while ago; what the boot logged is old news to an agent starting now.
+        self.kernel_log = SimKernelLog(clock=self.clock, boot_time=self.clock.now - 600.0)
+        for line in _BOOT_LINES:
+            self.kernel_log.write(line)
+        # Faults reach the log once the agent reads it, as NVML's XIDs reach its event set
+        # once it registered: a fault "happens" while the agent watches.
+        self._unlogged: list[Fault] = list(faults)
+        self._log_open = False
 
     def inject(self, fault: Fault) -> None:
         validate_faults(self.profile, [fault])
         self.nvml.inject(fault)
         self.sysfs.inject(fault)
+        self._unlogged.append(fault)
 
     def clear(self, fault: Fault) -> None:
         self.nvml.clear(fault)
@@ -97,9 +117,48 @@ class SimulatedNode:
     def advance(self, now: float) -> None:
         self.clock.now = now
         self.sysfs.advance(now)
+        if self._log_open:
+            for fault in self._unlogged:
+                for line in self._log_lines(fault):
+                    self.kernel_log.write(line, priority=3)
+            self._unlogged.clear()
+
+    def kernel_log_source(self, state_dir: Path | None = None) -> KmsgSource:
+        """The production /dev/kmsg reader over this node's simulated kernel log."""
+        self._log_open = True
+        return self.kernel_log.source(state_dir, keep=record_may_match)
+
+    def _log_lines(self, fault: Fault) -> list[str]:
+        """The lines the real drivers print for `fault` (formats cited in
+        exporter/data/kernel-log-patterns.csv); none for faults only NVML or sysfs show."""
+        if fault.gpu is not None:
+            address = self.profile.gpus[fault.gpu].sysfs_address
+            nvrm = address.rsplit(".", 1)[0]  # NVRM prints the address without its function
+            if fault.kind == "xid" and fault.xid is not None:
+                text = "GPU has fallen off the bus." if fault.xid == 79 else "Ch 00000008"
+                return [f"NVRM: Xid (PCI:{nvrm}): {fault.xid}, pid=4242, name=python3, {text}"]
+            if fault.kind == "gpu-lost":
+                return [
+                    f"NVRM: Xid (PCI:{nvrm}): 79, pid=4242, name=python3, "
+                    "GPU has fallen off the bus.",
+                    f"NVRM: GPU {address}: GPU has fallen off the bus.",
+                ]
+            if fault.kind == "aer":
+                return [
+                    "pcieport 0000:00:01.0: AER: Uncorrected (Non-Fatal) error message "
+                    f"received from {address}",
+                    f"nvidia {address}: PCIe Bus Error: severity=Uncorrected (Non-Fatal), "
+                    "type=Transaction Layer, (Requester ID)",
+                ]
+        if fault.kind == "efa-reset-failed" and fault.device is not None:
+            efa = next(e for e in self.profile.efa if e.name == fault.device)
+            return [f"efa {efa.pci_address} {efa.name}: Reset indication didn't turn on"]
+        if fault.kind == "hung-task":
+            return ["INFO: task python3:4242 blocked for more than 122 seconds."]
+        return []
 
     def sources(self) -> NodeSources:
-        gpu = NvmlGpuSource(self.nvml)
+        gpu = NvmlGpuSource(self.nvml, wall_clock=self.clock)  # events stamped in sim time
         gpu.start()
         return NodeSources(
             gpu=gpu,

@@ -17,6 +17,9 @@ What is written (all paths below `root/sys`):
         ports/1/{state "4: ACTIVE", phys_state "5: LinkUp", link_layer "Unspecified",
                  rate, lid, sm_lid, sm_sl, lid_mask_count, cap_mask, gids/0, pkeys/0,
                  hw_counters/{22 port counters, lifespan}}
+    <ena function>/net/<if>/{address, operstate, carrier, carrier_changes, type, mtu, addr_len,
+        device -> the ENA function}   (only for "EFA with ENA" interfaces: see below)
+    class/net/<if> -> ../../devices/.../<ena function>/net/<if>
     bus/pci/devices/<addr> -> ../../../devices/...     (relative links, as the kernel makes)
     bus/pci/drivers/{efa,nvidia,pcieport}/<addr> -> the function
     class/infiniband/<dev> -> ../../devices/.../infiniband/<dev>
@@ -27,8 +30,21 @@ and below `root/proc`: `<pid>/status` for each `simulated_processes(profile)` en
 Cpus_allowed, Cpus_allowed_list, Mems_allowed_list, ...) and `mounts` ("/" rw, or ro under the
 rootfs-ro fault).
 
+EFA and ENA, as on the hardware: every port reads `4: ACTIVE` / `5: LinkUp` whatever happens,
+because the efa driver hard-codes both (efa_query_port); no fault changes them. Every eighth EFA
+device from the first (p5: 4 of 32; p4d, gb200: one) belongs to an "EFA with ENA" interface and
+has an ENA netdev `ens<32+index>`; the others are EFA-only and have none. The ENA is its own PCI
+function with its own netdev (the efa driver ties no netdev to its IB device, so the EFA
+function has no `net/`); what pairs the two is the ENI's MAC, which the EFA GID (`gids/0`)
+carries as modified EUI-64. `efa-link-down` changes what a dead link changes: the netdev's
+operstate (down), carrier (0) and carrier_changes (+1), and the device's traffic counters stop
+while retransmit timeouts and unresponsive-remote events rise.
+
 Where the sim departs from a real kernel, on purpose:
 
+* The ENA function is written next to its EFA function as function 1 of the EFA's slot, and is
+  not listed under `bus/pci` (on real instances it has its own slot; nothing here looks it up
+  by address).
 * The port rate follows the EFA driver's efa_link_gbps_to_speed_and_width() mapping
   (100 -> "100 Gb/sec (4X EDR)", 200 -> "200 Gb/sec (4X HDR)", 400 -> "400 Gb/sec (8X HDR)").
 * `ports/1/counters/` does not exist on a real EFA port (RDMA core only creates the PMA counter
@@ -56,6 +72,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import math
 import os
 import random
@@ -68,10 +85,16 @@ from exporter.sim.faults import Fault
 from exporter.sim.hardware.profiles import EfaSpec, HardwareProfile, simulated_processes
 from exporter.sources.sysfs import EFA_DEVICE_COUNTERS, EFA_PORT_COUNTERS
 
-HANDLED_FAULTS = frozenset({"efa-missing", "efa-unresponsive", "rootfs-ro"})
+HANDLED_FAULTS = frozenset({"efa-missing", "efa-unresponsive", "efa-link-down", "rootfs-ro"})
+_EFA_DEVICE_FAULTS = frozenset({"efa-missing", "efa-unresponsive", "efa-link-down"})
+# Every this-many-th EFA device (from the first) has an ENA netdev: "EFA with ENA" on that
+# network card, EFA-only on the others (p5: 4 of 32, as the AWS P5 launch examples; p4d,
+# gb200: the first).
+_ENA_EVERY = 8
 
 _EFA_VENDOR = "0x1d0f"
 _EFA_DEVICE = "0xefa1"
+_ENA_DEVICE = "0xec20"  # ENA VF
 _NVIDIA_VENDOR = "0x10de"
 _GPU_DEVICE_IDS = {"p5.48xlarge": "0x2330", "p6e-gb200.36xlarge": "0x2941"}
 _BRIDGE_VENDOR = "0x1000"  # a Broadcom/PLX-style switch; illustrative
@@ -173,6 +196,17 @@ class _EfaState:
     impaired: int = 0
     base: dict[str, int] = field(default_factory=dict)  # constant error counters
     written: dict[str, int] = field(default_factory=dict)  # path -> value on disk
+    netdev: _Netdev | None = None  # the ENA interface of the same ENI; None: EFA-only
+
+
+@dataclass(slots=True)
+class _Netdev:
+    """The ENA half of an "EFA with ENA" interface: its own PCI function, its own netdev."""
+
+    name: str  # "ens32"
+    mac: str  # "0a:..": the ENI's MAC, which the EFA GID carries as modified EUI-64
+    pci_address: str  # the ENA function (function 1 of the EFA's slot here; see the docstring)
+    carrier_changes: int = 2  # down->up at boot
 
 
 class SimulatedSysfs:
@@ -197,8 +231,10 @@ class SimulatedSysfs:
         self._functions = _pci_layout(profile)
         self._by_address = {f.address: f for f in self._functions}
         self._efa: dict[str, _EfaState] = {}
-        for spec in profile.efa:
+        for index, spec in enumerate(profile.efa):
             self._efa[spec.name] = self._initial_state(spec)
+            if index % _ENA_EVERY == 0:
+                self._efa[spec.name].netdev = _ena_for(spec, index)
         self._numastat: dict[int, dict[str, float]] = {
             n.node: {
                 "numa_hit": self._rng.uniform(2e9, 6e9),
@@ -224,7 +260,8 @@ class SimulatedSysfs:
         self._building = False
         self._written = False
         for f in faults:
-            self._add_fault(f)
+            if self._add_fault(f) and f.kind == "efa-link-down" and f.device is not None:
+                self._link_change(self._efa[f.device])  # down since before the tree was read
 
     # ------------------------------------------------------------------------------ public
 
@@ -256,6 +293,11 @@ class SimulatedSysfs:
         """The device's `infiniband/<dev>` directory (what `class/infiniband/<dev>` links to)."""
         spec = self._efa[device].spec
         return self.pci_dir(spec.pci_address) / "infiniband" / device
+
+    def netdev_of(self, device: str) -> str | None:
+        """The ENA interface paired with an EFA device; None for an EFA-only interface."""
+        netdev = self._efa[device].netdev
+        return None if netdev is None else netdev.name
 
     def write(self, now: float | None = None) -> None:
         """Create the whole tree (replacing `root/sys` and `root/proc` if they exist).
@@ -295,9 +337,12 @@ class SimulatedSysfs:
             )
             state.written.clear()
         os.makedirs(os.path.join(sys_root, "class", "infiniband"), exist_ok=True)
+        os.makedirs(os.path.join(sys_root, "class", "net"), exist_ok=True)
         for name, state in self._efa.items():
             if not self._has_fault("efa-missing", name):
                 self._write_efa_device(state)
+            if state.netdev is not None:
+                self._write_netdev(state)
         self._numastat_written.clear()
         self._write_numa(sys_root)
         self._write_proc()
@@ -321,7 +366,13 @@ class SimulatedSysfs:
         self._generation += 1
         rng = self._rng
         for name, state in self._efa.items():
-            self._grow(state, dt, self._has_fault("efa-unresponsive", name), rng)
+            self._grow(
+                state,
+                dt,
+                self._has_fault("efa-unresponsive", name),
+                rng,
+                link_down=self._has_fault("efa-link-down", name),
+            )
             if not self._has_fault("efa-missing", name):
                 self._write_counters(state)
         for node, stat in self._numastat.items():
@@ -333,9 +384,12 @@ class SimulatedSysfs:
             self._write_numastat(node)
 
     def inject(self, fault: Fault) -> None:
-        """Start a fault now (efa-missing, efa-unresponsive, rootfs-ro; others are ignored)."""
+        """Start a fault now (efa-missing, efa-unresponsive, efa-link-down, rootfs-ro; others
+        are ignored)."""
         if not self._add_fault(fault):
             return
+        if fault.kind == "efa-link-down" and fault.device is not None:
+            self._link_change(self._efa[fault.device])
         if not self._written:
             return
         if fault.kind == "efa-missing" and fault.device is not None:
@@ -344,10 +398,16 @@ class SimulatedSysfs:
             self._write_mounts()
 
     def clear(self, fault: Fault) -> None:
-        """End a fault: a missing device comes back (counters carry on), rootfs turns rw."""
+        """End a fault: a missing device comes back (counters carry on), a dead link comes back
+        up (one more carrier change), rootfs turns rw."""
         before = len(self._faults)
         self._faults = [f for f in self._faults if not _same_fault(f, fault)]
-        if len(self._faults) == before or not self._written:
+        if len(self._faults) == before:
+            return
+        device = fault.device
+        if fault.kind == "efa-link-down" and device and not self._has_fault(fault.kind, device):
+            self._link_change(self._efa[device])
+        if not self._written:
             return
         if fault.kind == "efa-missing" and fault.device is not None:
             if not self._has_fault("efa-missing", fault.device):
@@ -376,7 +436,7 @@ class SimulatedSysfs:
     def _add_fault(self, fault: Fault) -> bool:
         if fault.kind not in HANDLED_FAULTS:
             return False
-        if fault.kind in ("efa-missing", "efa-unresponsive") and fault.device not in self._efa:
+        if fault.kind in _EFA_DEVICE_FAULTS and fault.device not in self._efa:
             known = ", ".join(self._efa)
             raise ValueError(f"fault {fault}: no EFA device {fault.device!r} (known: {known})")
         if any(_same_fault(f, fault) for f in self._faults):
@@ -427,11 +487,28 @@ class SimulatedSysfs:
         }
         return st
 
-    def _grow(self, st: _EfaState, dt: float, unresponsive: bool, rng: random.Random) -> None:
+    def _grow(
+        self,
+        st: _EfaState,
+        dt: float,
+        unresponsive: bool,
+        rng: random.Random,
+        *,
+        link_down: bool = False,
+    ) -> None:
         util = min(1.0, st.utilization * rng.uniform(0.9, 1.1))
         line_rate = self._profile.efa_rate_gbps * 1e9 / 8
         if unresponsive:
             util *= 0.3  # collectives stall behind the unreachable peer
+        st.alive_seconds += dt  # keep-alives come from the device, not over the link
+        st.admin_cmds += dt * 0.05 * rng.uniform(0.5, 1.5)
+        if link_down:
+            # Nothing goes out or comes in; every queued send retransmits until it times out,
+            # and every peer this device talks to stops answering.
+            st.retrans_pkts += _events(rng, 200.0 * dt)
+            st.retrans_timeouts += _events(rng, 20.0 * dt)
+            st.unresponsive += _events(rng, 10.0 * dt)
+            return
         tx = line_rate * util * dt
         rx = tx * rng.uniform(0.97, 1.03)
         st.tx_write += tx * _WRITE_SHARE
@@ -440,8 +517,6 @@ class SimulatedSysfs:
         st.rx_write += rx * _WRITE_SHARE
         st.rx_recv += rx * _SEND_SHARE
         st.rx_read += rx * _READ_SHARE
-        st.alive_seconds += dt
-        st.admin_cmds += dt * 0.05 * rng.uniform(0.5, 1.5)
         st.retrans_pkts += _events(rng, (40.0 if unresponsive else 0.05) * dt)
         st.retrans_timeouts += _events(rng, (2.0 if unresponsive else 0.0002) * dt)
         st.rx_drops += _events(rng, 0.0005 * dt)
@@ -566,11 +641,55 @@ class SimulatedSysfs:
         self._put(port + "/sm_sl", "0\n")
         self._put(port + "/lid_mask_count", "1\n")
         self._put(port + "/cap_mask", "0x00000000\n")
-        self._put(port + "/gids/0", "fe80:0000:0000:0000:" + guid_text + "\n")
+        gid = guid_text if st.netdev is None else _eui64(st.netdev.mac)
+        self._put(port + "/gids/0", "fe80:0000:0000:0000:" + gid + "\n")
         self._put(port + "/pkeys/0", "0xffff\n")
         self._write_counters(st)
         link = os.path.join(self._real_root, "sys", "class", "infiniband", st.spec.name)
         _symlink_rel(d, link)
+
+    def _write_netdev(self, st: _EfaState) -> None:
+        """The ENA function's netdev, `<ena function>/net/<if>`, linked from class/net."""
+        netdev = st.netdev
+        assert netdev is not None
+        efa_fn = os.path.dirname(os.path.dirname(st.ib_dir))
+        ena_fn = os.path.join(os.path.dirname(efa_fn), netdev.pci_address)
+        d = os.path.join(ena_fn, "net", netdev.name)
+        os.makedirs(d, exist_ok=True)
+        for name, text in (
+            ("vendor", _EFA_VENDOR),
+            ("device", _ENA_DEVICE),
+            ("class", "0x020000"),
+            ("numa_node", str(st.spec.numa_node)),
+        ):
+            self._put(os.path.join(ena_fn, name), text + "\n")
+        _symlink_rel(ena_fn, d + "/device")
+        self._put(d + "/address", netdev.mac + "\n")
+        self._put(d + "/type", "1\n")
+        self._put(d + "/mtu", "9001\n")
+        self._put(d + "/addr_len", "6\n")
+        self._write_link(st)
+        link = os.path.join(self._real_root, "sys", "class", "net", netdev.name)
+        _symlink_rel(d, link)
+
+    def _write_link(self, st: _EfaState) -> None:
+        """operstate / carrier / carrier_changes as the link is now."""
+        netdev = st.netdev
+        assert netdev is not None
+        efa_fn = os.path.dirname(os.path.dirname(st.ib_dir))
+        d = os.path.join(os.path.dirname(efa_fn), netdev.pci_address, "net", netdev.name)
+        down = self._has_fault("efa-link-down", st.spec.name)
+        self._put(d + "/operstate", "down\n" if down else "up\n")
+        self._put(d + "/carrier", "0\n" if down else "1\n")
+        self._put(d + "/carrier_changes", f"{netdev.carrier_changes}\n")
+
+    def _link_change(self, st: _EfaState) -> None:
+        """The link went down or came back: one more carrier change, on the netdev if any."""
+        if st.netdev is None:
+            return  # an EFA-only interface: only the counters show it
+        st.netdev.carrier_changes += 1
+        if self._written:
+            self._write_link(st)
 
     def _remove_efa_device(self, st: _EfaState) -> None:
         link = os.path.join(self._real_root, "sys", "class", "infiniband", st.spec.name)
@@ -787,6 +906,22 @@ class _Exchanger:
         if ctypes.get_errno() in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
             self._fn = None  # this kernel or filesystem cannot exchange: stop trying
         return False
+
+
+def _ena_for(spec: EfaSpec, index: int) -> _Netdev:
+    """The ENA of an "EFA with ENA" interface: a MAC of AWS's locally administered kind."""
+    digest = hashlib.blake2b(spec.name.encode(), digest_size=5).digest()
+    mac = ":".join(f"{b:02x}" for b in (0x0A, *digest))
+    address = spec.pci_address[:-1] + "1"  # function 1 of the EFA's slot (see the docstring)
+    return _Netdev(name=f"ens{32 + index}", mac=mac, pci_address=address)
+
+
+def _eui64(mac: str) -> str:
+    """A MAC as the last four GID words, modified EUI-64 ("0a:1b:2c:3d:4e:5f" ->
+    "081b:2cff:fe3d:4e5f")."""
+    b = bytes(int(x, 16) for x in mac.split(":"))
+    raw = bytes([b[0] ^ 0x02, b[1], b[2], 0xFF, 0xFE, b[3], b[4], b[5]])
+    return ":".join(raw[i : i + 2].hex() for i in range(0, 8, 2))
 
 
 def _events(rng: random.Random, expected: float) -> int:

@@ -1,0 +1,423 @@
+"""The kernel log monitor in the node agent (issue 14, item 1): kernel log lines become events on
+our GPUs and devices, counters and findings; an XID the driver logs and NVML delivers is one
+event; an XID only the log shows (NVML lost the GPU) still reaches the XID check.
+
+The lines come from the simulated /dev/kmsg (exporter/sim/hardware/kmsg.py, the kernel's read
+semantics) in the real drivers' formats (exporter/data/kernel-log-patterns.csv cites them) and
+are read by the production reader and poller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.node.kernel_events import KernelLogLedger
+from exporter.node.poller import Poller
+from exporter.sim.faults import parse_faults
+from exporter.sim.hardware.node import SimulatedNode
+from exporter.sim.hardware.profiles import get_profile
+from exporter.snapshot import (
+    KernelLogBatch,
+    KernelLogCount,
+    KernelLogReading,
+    KernelLogRecord,
+    NodeSnapshot,
+    XidEvent,
+)
+from healthcheck.checks import History, run_checks
+from healthcheck.config import config_from_mapping
+from healthcheck.monitor import HealthMonitor
+
+START = 1_750_000_000.0
+
+
+class Agent:
+    """A simulated node read by the production poller, with the kernel log monitor on."""
+
+    def __init__(self, root: Path, *faults: str, state: Path | None = None) -> None:
+        self.node = SimulatedNode(
+            get_profile("p5.48xlarge"), parse_faults(faults), root=root, start=START
+        )
+        self.now = START
+        self.sources = self.node.sources()
+        self.sources.kernel_log = self.node.kernel_log_source(state)
+        self.monitor = HealthMonitor(config_from_mapping({"damping": {"k": 1, "n": 1}}))
+        self.poller = Poller(
+            "sim-node-1", self.sources, clock=lambda: self.now, health=self.monitor
+        )
+
+    def poll(self, step: float = 5.0) -> NodeSnapshot:
+        self.now += step
+        snapshot, self.exposition = self.poller.poll()
+        return snapshot
+
+    def xid_count(self, snapshot: NodeSnapshot, gpu: int, xid: int) -> int:
+        return sum(c.count for c in snapshot.xid.counts if (c.gpu_index, c.xid) == (gpu, xid))
+
+    def samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        text = self.exposition.text.decode()
+        return [
+            (s.labels, s.value)
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name == name
+        ]
+
+    def close(self) -> None:
+        self.sources.close()
+        self.node.close()
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[list[Agent]]:
+    made: list[Agent] = []
+    yield made
+    for a in made:
+        a.close()
+
+
+def make(agents: list[Agent], tmp: Path, *faults: str, state: Path | None = None) -> Agent:
+    agent = Agent(tmp / f"sim{len(agents)}", *faults, state=state)
+    agents.append(agent)
+    return agent
+
+
+# -- one fault, one event ---------------------------------------------------------------------
+
+
+def test_an_xid_the_driver_logs_and_nvml_delivers_counts_once(
+    agents: list[Agent], tmp_path: Path
+) -> None:
+    """The driver prints every XID it raises (`NVRM: Xid (PCI:...): N`) and NVML's event set
+    delivers the same one: the log line arrives a poll before NVML's event here, and the
+    counter, the XID check and the kernel log counter each see one event."""
+    agent = make(agents, tmp_path, "xid=79@gpu3")
+    snapshots = [agent.poll() for _ in range(3)]
+    last = snapshots[-1]
+    assert agent.xid_count(last, 3, 79) == 1
+    assert last.kernel_log is not None
+    logged = [c for c in last.kernel_log.counts if c.kind == "xid"]
+    assert [(c.gpu, c.count) for c in logged] == [("3", 1)]
+    [(labels, value)] = [
+        s for s in agent.samples("topowatch_xid_errors_total") if s[0]["gpu"] == "3"
+    ]
+    assert (labels["xid"], value) == ("79", 1.0)
+
+
+def test_an_xid_only_the_log_shows_reaches_the_xid_check(
+    agents: list[Agent], tmp_path: Path
+) -> None:
+    """A GPU that falls off the bus fails every NVML call (GPU_IS_LOST) and its XID 79 never
+    comes through the event set; the kernel logs it. The log's XID, mapped from its PCI address
+    to the GPU the agent read before, is the XID event: catalog RESTART_BM, a reboot."""
+    agent = make(agents, tmp_path)
+    agent.poll()  # the agent has read GPU 2 while it was up: its PCI address is known
+    (fault,) = parse_faults(["gpu-lost@gpu2"])
+    agent.node.inject(fault)
+    snapshot = agent.poll()
+    assert agent.xid_count(snapshot, 2, 79) == 1
+    report = agent.monitor.last
+    assert report is not None
+    [xid] = [f for f in report.findings if f.check == "xid" and f.component == "gpu2"]
+    assert (xid.action, xid.actionable) == ("reboot", True)
+    [bus] = [f for f in report.findings if f.check == "kernel_gpu_fallen_off_bus"]
+    assert (bus.component, bus.severity, bus.action) == ("gpu2", "critical", "reboot")
+
+
+LEDGER_GPUS = 8
+
+
+def ledger_with_gpus() -> KernelLogLedger:
+    from exporter.snapshot import GpuInventory, GpuReading
+
+    ledger = KernelLogLedger("kmsg")
+    gpus = tuple(
+        GpuReading(
+            index=i,
+            uuid=f"GPU-{i}",
+            pci_bus_id=f"00000000:{0x53 + i:02X}:00.0",
+            model="H100",
+            up=True,
+        )
+        for i in range(LEDGER_GPUS)
+    )
+    ledger.learn_gpus(GpuInventory(available=True, gpus=gpus))
+    return ledger
+
+
+def xid_line(gpu: int, xid: int, at: float) -> KernelLogRecord:
+    return KernelLogRecord(
+        seq=int(at),
+        monotonic_usec=int(at * 1e6),
+        timestamp=at,
+        priority=3,
+        message=f"NVRM: Xid (PCI:0000:{0x53 + gpu:02x}:00): {xid}, pid=1, name=python3, Ch 08",
+    )
+
+
+# (rule, NVML's events per poll, the log's lines per poll, XID events passed on)
+MERGE_ROWS = [
+    (
+        "the same XID on the same GPU from both sides within the window is one fault",
+        [[(3, 79, 100.0)]],
+        [[(3, 79, 99.0)]],
+        1,
+    ),
+    (
+        "the log first, NVML a poll later: still one",
+        [[], [(3, 48, 105.0)]],
+        [[(3, 48, 100.0)], []],
+        1,
+    ),
+    (
+        "NVML first, the log a poll later: still one",
+        [[(3, 48, 100.0)], []],
+        [[], [(3, 48, 101.0)]],
+        1,
+    ),
+    (
+        "a burst: two XIDs from each side pair one to one",
+        [[(1, 13, 100.0), (1, 13, 100.5)]],
+        [[(1, 13, 100.1), (1, 13, 100.6)]],
+        2,
+    ),
+    (
+        "the same XID on two GPUs is two faults",
+        [[(1, 79, 100.0)]],
+        [[(2, 79, 100.0)]],
+        2,
+    ),
+    (
+        "two XIDs further apart than the window are two faults",
+        [[(1, 94, 100.0)], []],
+        [[], [(1, 94, 200.0)]],
+        2,
+    ),
+    (
+        "different XIDs on one GPU are two faults",
+        [[(1, 94, 100.0)]],
+        [[(1, 95, 100.0)]],
+        2,
+    ),
+]
+
+
+@pytest.mark.parametrize("rule,nvml,log,expected", MERGE_ROWS, ids=[r[0] for r in MERGE_ROWS])
+def test_xids_from_nvml_and_the_log_merge_one_fault_one_event(
+    rule: str,
+    nvml: list[list[tuple[int, int, float]]],
+    log: list[list[tuple[int, int, float]]],
+    expected: int,
+) -> None:
+    ledger = ledger_with_gpus()
+    passed: list[XidEvent] = []
+    for poll, (from_nvml, from_log) in enumerate(zip(nvml, log, strict=True)):
+        events = ledger.record(
+            KernelLogBatch(records=tuple(xid_line(g, x, t) for g, x, t in from_log))
+        )
+        nvml_events = [XidEvent(g, f"GPU-{g}", x, t) for g, x, t in from_nvml]
+        passed += ledger.merge_xids(nvml_events, ledger.log_xids(events), 100.0 + 5 * poll)
+    assert len(passed) == expected, rule
+
+
+def test_a_log_xid_on_a_gpu_that_is_not_ours_is_counted_but_is_no_xid_event() -> None:
+    ledger = ledger_with_gpus()
+    record = dataclasses.replace(
+        xid_line(0, 79, 100.0), message="NVRM: Xid (PCI:0000:ee:00): 79, pid=1, name=x, y"
+    )
+    events = ledger.record(KernelLogBatch(records=(record,)))
+    assert ledger.log_xids(events) == []
+    [count] = ledger.reading(events).counts
+    assert (count.kind, count.gpu, count.device) == ("xid", "", "0000:ee:00.0")
+
+
+# -- what each kind asks for ----------------------------------------------------------------
+
+
+def count(
+    kind: str, severity: str, *, gpu: str = "", device: str = "d", n: int = 1, age: float = 0.0
+):  # type: ignore[no-untyped-def]
+    return KernelLogCount(kind, kind, severity, gpu, device, n, 10_000.0 - age, f"a {kind} line")
+
+
+# (rule it rests on, the count, config, expected (check, component, severity, action) or None)
+VERDICTS = [
+    (
+        "a GPU fallen off the bus needs a reboot first (NVIDIA: RESTART_BM for XID 79)",
+        count("gpu_fallen_off_bus", "fatal", gpu="2"),
+        {},
+        ("kernel_gpu_fallen_off_bus", "gpu2", "critical", "reboot"),
+    ),
+    (
+        "an EFA device reset that failed leaves the device unusable: reboot",
+        count("efa_driver", "fatal", device="rdmap16s27"),
+        {},
+        ("kernel_efa_driver", "rdmap16s27", "critical", "reboot"),
+    ),
+    (
+        "an EFA admin command timeout is reported; the driver retries (action configurable)",
+        count("efa_driver", "error", device="rdmap16s27"),
+        {},
+        ("kernel_efa_driver", "rdmap16s27", "warning", "none"),
+    ),
+    (
+        "errors ask for what kernel_log.error_action says",
+        count("pcie_aer", "error", gpu="4"),
+        {"kernel_log": {"error_action": "reboot"}},
+        ("kernel_pcie_aer", "gpu4", "warning", "reboot"),
+    ),
+    (
+        "a hung task is a warning: the task, not the node, is stuck",
+        count("hung_task", "warning", device=""),
+        {},
+        ("kernel_hung_task", "node", "warning", "none"),
+    ),
+    (
+        "corrected PCIe errors are corrected: counted, not a finding",
+        count("pcie_aer", "corrected", gpu="4", n=500),
+        {},
+        None,
+    ),
+    (
+        "corrected PCIe errors become a warning past the configured count",
+        count("pcie_aer", "corrected", gpu="4", n=500),
+        {"kernel_log": {"corrected_report_count": 100}},
+        ("kernel_pcie_aer", "gpu4", "warning", "none"),
+    ),
+    (
+        "a line older than the hold window is no longer a finding",
+        count("gpu_fallen_off_bus", "fatal", gpu="2", age=3601.0),
+        {},
+        None,
+    ),
+    (
+        "XID lines are the XID check's: the catalog judges them, once",
+        count("xid", "error", gpu="3"),
+        {},
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize("rule,counted,config,expected", VERDICTS, ids=[r[0] for r in VERDICTS])
+def test_what_each_kernel_log_line_asks_for(
+    rule: str,
+    counted: KernelLogCount,
+    config: dict[str, object],
+    expected: tuple[str, str, str, str] | None,
+    base_snapshot: NodeSnapshot,
+) -> None:
+    snapshot = dataclasses.replace(
+        base_snapshot, kernel_log=KernelLogReading(source="kmsg", counts=(counted,))
+    )
+    findings = [
+        (f.check, f.component, f.severity, f.action)
+        for f in run_checks(snapshot, History(), config_from_mapping(config), 10_000.0)
+        if f.check.startswith("kernel_")
+    ]
+    assert findings == ([] if expected is None else [expected]), rule
+
+
+@pytest.fixture(scope="module")
+def base_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeSnapshot]:
+    agent = Agent(tmp_path_factory.mktemp("base"))
+    try:
+        yield agent.poll()
+    finally:
+        agent.close()
+
+
+# -- the log as a source: outages, restarts, exports ------------------------------------------
+
+
+def test_the_events_are_exported_with_their_gpu_and_the_reader_counts(
+    agents: list[Agent], tmp_path: Path
+) -> None:
+    agent = make(agents, tmp_path, "aer@gpu4", "efa-reset-failed@rdmap16s27", "hung-task")
+    agent.poll()
+    events = {
+        (s["kind"], s["pattern"], s["gpu"], s["device"]): v
+        for s, v in agent.samples("topowatch_kernel_log_events_total")
+    }
+    assert events == {
+        ("pcie_aer", "aer_error_message_received", "4", ""): 1.0,
+        ("pcie_aer", "aer_pcie_bus_error", "4", ""): 1.0,
+        ("efa_driver", "efa_device_reset_failed", "", "rdmap16s27"): 1.0,
+        ("hung_task", "hung_task", "", ""): 1.0,
+    }
+    [(labels, lines)] = agent.samples("topowatch_kernel_log_lines_total")
+    assert (labels["source"], lines) == ("kmsg", 4.0)
+    stamps = {v for _, v in agent.samples("topowatch_kernel_log_last_event_timestamp_seconds")}
+    assert stamps == {agent.now}
+
+
+def test_boot_lines_already_in_the_log_are_not_replayed_as_events(
+    agents: list[Agent], tmp_path: Path
+) -> None:
+    """The simulated node booted with lines in its log before the agent started; a first start
+    (no state) begins at the end: none of them is read, none is an event."""
+    agent = make(agents, tmp_path)
+    snapshot = agent.poll()
+    assert snapshot.kernel_log is not None
+    assert (snapshot.kernel_log.lines, snapshot.kernel_log.counts) == (0, ())
+
+
+def test_a_kmsg_that_vanishes_fails_its_collector_only_and_loses_nothing_the_ring_holds(
+    agents: list[Agent], tmp_path: Path
+) -> None:
+    agent = make(agents, tmp_path)
+    agent.poll()
+    agent.node.kernel_log.remove()
+    agent.node.kernel_log.write("INFO: task python3:77 blocked for more than 122 seconds.")
+    snapshot = agent.poll()
+    status = {c.name: c.ok for c in snapshot.collectors}
+    assert status["kernel_log"] is False and status["gpu"] is True
+    assert snapshot.collector_errors[("kernel_log", "kmsg_unreadable")] == 1
+    assert agent.samples("topowatch_gpu_up"), "the GPU metrics keep serving"
+    agent.node.kernel_log.restore()
+    snapshot = agent.poll()
+    assert snapshot.kernel_log is not None
+    assert [c.kind for c in snapshot.kernel_log.counts] == ["hung_task"]
+
+
+def test_a_restarted_agent_reads_what_was_logged_while_it_was_down_and_nothing_twice(
+    agents: list[Agent], tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    first = make(agents, tmp_path, state=state)
+    first.poll()
+    first.node.kernel_log.write("INFO: task a:1 blocked for more than 122 seconds.")
+    first.poll()
+    first.sources.kernel_log.close()  # type: ignore[union-attr]
+    first.node.kernel_log.write("INFO: task b:2 blocked for more than 122 seconds.")
+    # The agent restarts on the same node: a new poller, the same log and state directory.
+    first.sources.kernel_log = first.node.kernel_log_source(state)
+    restarted = Poller("sim-node-1", first.sources, clock=lambda: first.now)
+    first.now += 5
+    snapshot, _ = restarted.poll()
+    assert snapshot.kernel_log is not None
+    [hung] = snapshot.kernel_log.counts
+    assert (hung.count, hung.last_message) == (
+        1,
+        "INFO: task b:2 blocked for more than 122 seconds.",
+    )
+
+
+def test_kernel_log_off_means_no_series_and_no_checks_on_it(
+    agents: list[Agent], tmp_path: Path
+) -> None:
+    node = SimulatedNode(get_profile("p5.48xlarge"), (), root=tmp_path / "off", start=START)
+    sources = node.sources()
+    try:
+        snapshot, exposition = Poller("n", sources, clock=lambda: START + 5).poll()
+    finally:
+        sources.close()
+        node.close()
+    assert snapshot.kernel_log is None
+    assert b"topowatch_kernel_log" not in exposition.text
