@@ -430,8 +430,17 @@ def steady(agent: subprocess.Popen[bytes], port: int, seconds: float) -> None:
 
 def bench_production_rss(sim_root: Path) -> None:
     """RSS of the agent as it runs on a real node (no simulation imported): NVML (absent
-    here), sysfs, the kubelet client and the Kubernetes client, serving."""
+    here), sysfs, the kubelet client and the Kubernetes client, serving, with everything on:
+    the health checks, a custom check script and the kernel log monitor (the real /dev/kmsg
+    where this process may read it, else the journal, else off: said below)."""
     port = free_port()
+    health = sim_root / "health.yaml"
+    script = sim_root / "check.sh"
+    script.write_text("#!/bin/sh\necho ok\nexit 0\n")
+    script.chmod(0o755)
+    health.write_text(f"custom_checks: [{{name: ok, path: {script}, interval_seconds: 1}}]\n")
+    state = sim_root / "kernel-log-state"
+    state.mkdir(exist_ok=True)
     with child(
         [
             str(REPO / ".venv/bin/topowatch"),
@@ -448,6 +457,12 @@ def bench_production_rss(sim_root: Path) -> None:
             f"127.0.0.1:{port}",
             "--interval",
             "5",
+            "--health-config",
+            str(health),
+            "--kernel-log",
+            "auto",
+            "--kernel-log-state",
+            str(state),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -457,8 +472,19 @@ def bench_production_rss(sim_root: Path) -> None:
         time.sleep(1)
         print(
             f"RSS, production mode          {proc_rss_mib(proc.pid):.1f} MiB (no simulation loaded;"
-            " EFA/NUMA from the simulated tree, no GPU on this machine)"
+            " EFA/NUMA from the simulated tree, no GPU on this machine; health checks, a custom"
+            f" check and the kernel log on: {kernel_log_source(port)})"
         )
+
+
+def kernel_log_source(port: int) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    for line in text.splitlines():
+        if line.startswith("topowatch_kernel_log_lines_total{"):
+            return "kmsg" if 'source="kmsg"' in line else "journal"
+    return "no kernel log readable"
 
 
 def main() -> None:

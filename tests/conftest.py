@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import sys
+import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -13,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from exporter.cluster.service import ClusterService, build_app, run_app
 from exporter.node.poller import Poller
 from exporter.sim.faults import parse_faults
 from exporter.sim.hardware.node import SimulatedNode
@@ -109,3 +113,40 @@ def executed_lines(func: Callable[[], object]) -> int:
     finally:
         sys.settrace(previous)
     return count
+
+
+class ServedCluster:
+    """build_app over an existing ClusterService, in a thread with its own event loop."""
+
+    def __init__(self, service: ClusterService) -> None:
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, args=(service,), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10), "cluster service did not start"
+
+    def _run(self, service: ClusterService) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+
+            def started(port: int) -> None:
+                self.port = port
+                self._ready.set()
+
+            await run_app(build_app(service), "127.0.0.1", 0, self._stop, started)
+
+        asyncio.run(main())
+
+    def get(self, path: str) -> bytes:
+        url = f"http://127.0.0.1:{self.port}{path}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body: bytes = response.read()
+            return body
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)

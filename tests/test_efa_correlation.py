@@ -10,10 +10,7 @@ every Kueue Workload validated against the CRDs.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,12 +21,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.cluster import efa_remotes, metrics
 from exporter.cluster.explain import explain_text, model_from_objects
 from exporter.cluster.model import ClusterModel
-from exporter.cluster.service import ClusterService, build_app, run_app
+from exporter.cluster.service import ClusterService
 from exporter.cluster.views import iso, workload_view
 from exporter.exposition import encode_text
 from exporter.sim import synthetic as s
 from healthcheck.findings import FINDINGS_ANNOTATION, Finding, findings_to_json
 from healthcheck.reporter import REFRESH_SECONDS
+from tests.conftest import ServedCluster
 from tests.crds import assert_valid_kueue
 
 NOW = 1_795_000_000.0
@@ -371,50 +369,13 @@ def test_explain_says_nothing_about_efa_when_no_node_reports() -> None:
     assert "EFA" not in explain_text(view)
 
 
-class Served:
-    """build_app over a ClusterService, in a thread with its own event loop."""
-
-    def __init__(self, service: ClusterService) -> None:
-        self.port = 0
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, args=(service,), daemon=True)
-        self._thread.start()
-        assert self._ready.wait(10), "cluster service did not start"
-
-    def _run(self, service: ClusterService) -> None:
-        async def main() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-
-            def started(port: int) -> None:
-                self.port = port
-                self._ready.set()
-
-            await run_app(build_app(service), "127.0.0.1", 0, self._stop, started)
-
-        asyncio.run(main())
-
-    def get(self, path: str) -> bytes:
-        url = f"http://127.0.0.1:{self.port}{path}"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            body: bytes = response.read()
-            return body
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-
 def test_the_service_serves_the_correlation_in_its_api_and_metrics() -> None:
     clock = [NOW]
     service = ClusterService(clock=lambda: clock[0])
     cluster = SCENARIOS["rule 4c: reporters of two workloads share one silent node, that node"][0]
     for obj in cluster.objects:
         service.apply(obj["kind"], "ADDED", obj)  # as the informers deliver them
-    served = Served(service)
+    served = ServedCluster(service)
     get: Callable[[str], Any] = lambda path: json.loads(served.get(path))  # noqa: E731
     try:
         listed = get("/api/v1/efa/remote-errors")

@@ -421,3 +421,30 @@ def test_kernel_log_off_means_no_series_and_no_checks_on_it(
         node.close()
     assert snapshot.kernel_log is None
     assert b"topowatch_kernel_log" not in exposition.text
+
+
+def test_lines_the_gate_skips_are_still_counted_and_their_loss_is_exact() -> None:
+    """Records no pattern can match are not parsed, but they are read: they count as lines, and
+    an overrun among them is counted from their sequence numbers like any other."""
+    from exporter.node.kernel_log import record_may_match
+    from exporter.sim.hardware.kmsg import SimKernelLog
+
+    ring = SimKernelLog(capacity_bytes=1 << 15)
+    ring.write("Linux version 6.1 (booted)")
+    source = ring.source(None, keep=record_may_match)
+    ledger = KernelLogLedger("kmsg")
+    written = 3_000
+    for i in range(written):
+        ring.write(
+            "INFO: task python3:1 blocked for more than 122 seconds."
+            if i == written - 1
+            else f"EXT4-fs (nvme0n1p1): ordinary line {i}"
+        )
+    while True:
+        batch = source.read()
+        ledger.record(batch)
+        if not (batch.records or batch.skipped or batch.dropped):
+            break
+    assert ledger.dropped > 0, "the ring is too small to hold them all"
+    assert ledger.lines + ledger.dropped == written
+    assert [c.kind for c in ledger.reading(()).counts] == ["hung_task"]

@@ -171,14 +171,15 @@ def kmsg_on(sim: SimKernelLog, state: Path | None, **kwargs: object) -> KmsgSour
 def drain(source: KernelLogSource) -> KernelLogBatch:
     """Read until a call returns nothing new; the batches summed."""
     records: list[KernelLogRecord] = []
-    dropped = malformed = 0
+    dropped = malformed = skipped = 0
     while True:
         batch = source.read()
         records += batch.records
         dropped += batch.dropped
         malformed += batch.malformed
-        if not batch.records and not batch.dropped and not batch.malformed:
-            return KernelLogBatch(tuple(records), dropped, malformed)
+        skipped += batch.skipped
+        if not (batch.records or batch.dropped or batch.malformed or batch.skipped):
+            return KernelLogBatch(tuple(records), dropped, malformed, skipped)
 
 
 def messages(batch: KernelLogBatch) -> list[str]:
@@ -406,6 +407,58 @@ def test_random_writes_reads_restarts_and_outages_lose_nothing_uncounted(
     dropped += rest.dropped
     assert seen == sorted(set(seen))  # in order, none twice
     assert len(seen) + dropped == sim.next_seq - start
+
+
+def keep_marked(raw: bytes) -> bool:
+    return b";keep " in raw
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_with_a_gate_skipped_lines_are_counted_and_kept_ones_handed_out_once(
+    clock: FakeClock, tmp_path: Path, seed: int
+) -> None:
+    """The same interleavings with a `keep` gate (the pattern table's, in production): lines
+    it refuses are not parsed and their seqs not read, yet every line is still handed out,
+    skipped or counted dropped exactly once, across overruns, restarts and outages."""
+    rng = random.Random(seed)
+    sim = SimKernelLog(capacity_bytes=2048, clock=clock)
+    state = tmp_path / "kmsg.json"
+    for i in range(rng.randrange(100)):
+        sim.write(f"before {i}" if i % 3 else f"keep before {i}")
+    source = kmsg_on(sim, state, max_records_per_read=rng.randrange(1, 40), keep=keep_marked)
+    source.read()
+    start = sim.next_seq
+    seen: list[int] = []
+    dropped = skipped = 0
+    for _ in range(300):
+        for _ in range(rng.choice([0, 0, 1, 5, 30, 100])):
+            seq = sim.next_seq
+            sim.write(f"keep {seq} x" if rng.random() < 0.3 else f"noise {seq} " + "y" * 20)
+        action = rng.random()
+        if action < 0.05:
+            source.close()
+            source = kmsg_on(
+                sim, state, max_records_per_read=rng.randrange(1, 40), keep=keep_marked
+            )
+        elif action < 0.1:
+            sim.remove()
+        elif action < 0.2:
+            sim.restore()
+        try:
+            batch = source.read()
+        except SourceError:
+            continue
+        seen += [r.seq for r in batch.records]
+        dropped += batch.dropped
+        skipped += batch.skipped
+        assert all(r.message == f"keep {r.seq} x" for r in batch.records)
+    sim.restore()
+    rest = drain(source)
+    seen += [r.seq for r in rest.records]
+    dropped += rest.dropped
+    skipped += rest.skipped
+    assert seen == sorted(set(seen))
+    assert len(seen) + skipped + dropped == sim.next_seq - start
 
 
 class FailingAfter:

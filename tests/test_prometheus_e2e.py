@@ -9,7 +9,6 @@ rules too, so an alert can be checked against what the real agents expose.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import shutil
@@ -26,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from exporter.cluster.service import ClusterService, build_app, run_app
 from exporter.node.agent import NodeAgent
 from exporter.node.serving import MetricsServer
 from exporter.sim.demo_prometheus import start_prometheus
+from tests.conftest import ServedCluster
 from tests.expositions import PROFILES, SPREAD_JOB, FaultyNode, simulated_world
 from tests.test_dashboards import DEFAULTS, load, panel_queries, substitute
 
@@ -49,37 +48,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-class ServedCluster:
-    """build_app over an existing ClusterService, in a thread with its own event loop."""
-
-    def __init__(self, service: ClusterService) -> None:
-        self.port = 0
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, args=(service,), daemon=True)
-        self._thread.start()
-        assert self._ready.wait(10), "cluster service did not start"
-
-    def _run(self, service: ClusterService) -> None:
-        async def main() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-
-            def started(port: int) -> None:
-                self.port = port
-                self._ready.set()
-
-            await run_app(build_app(service), "127.0.0.1", 0, self._stop, started)
-
-        asyncio.run(main())
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
 
 
 class ServedNode:

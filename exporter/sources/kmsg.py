@@ -346,6 +346,10 @@ class KmsgSource:
             expected = None
             walking = not self._walk_done
         unknown = 0  # records consumed since the last known seq whose seq could not be read
+        # A skipped record's seq is not read: without an EPIPE the kernel hands out consecutive
+        # seqs (devkmsg_read returns EPIPE whenever the next record is not user->seq), so
+        # counting is exact; after an EPIPE the next record's seq is read to size the gap.
+        resync = True
         walked = 0
         bufsize, limit, boot_time, parse = self._bufsize, self._max, self._boot_time, parse_record
         append = records.append
@@ -356,7 +360,8 @@ class KmsgSource:
                 except BlockingIOError:
                     break
                 except BrokenPipeError:
-                    continue  # moved to the oldest record held; the seq gap says how many
+                    resync = True  # moved to the oldest record held; the seq gap says how many
+                    continue
                 except OSError as e:
                     if e.errno != errno.EINVAL:
                         raise
@@ -382,38 +387,33 @@ class KmsgSource:
                         expected = None
                         break
                     continue
+                rec: KernelLogRecord | None = None
                 if keep is not None and not keep(raw):
-                    skip_seq = _record_seq(raw)
-                    if skip_seq is None:
-                        malformed += 1
-                        unknown += 1
+                    if expected is not None and not resync and not unknown:
+                        expected += 1  # accounted for, not parsed: no fault can be in it
+                        skipped += 1
                         continue
-                    if expected is not None:
-                        if skip_seq < expected:
-                            unknown = 0
-                            continue
-                        gap = skip_seq - expected - unknown
-                        if gap > 0:
-                            dropped += gap
-                    expected, unknown = skip_seq + 1, 0
-                    skipped += 1
-                    continue
-                rec = parse(raw, boot_time)
-                if rec is None:
+                    seq_read = _record_seq(raw)
+                else:
+                    rec = parse(raw, boot_time)
+                    seq_read = None if rec is None else rec.seq
+                if seq_read is None:
                     malformed += 1
                     unknown += 1
                     continue
-                seq = rec.seq
                 if expected is not None:
-                    if seq < expected:
+                    if seq_read < expected:
                         # Handed out before a restart or a failure: walked over, not counted.
                         unknown = 0
                         continue
-                    gap = seq - expected - unknown
+                    gap = seq_read - expected - unknown
                     if gap > 0:
                         dropped += gap
-                expected, unknown = seq + 1, 0
-                append(rec)
+                expected, unknown, resync = seq_read + 1, 0, False
+                if rec is None:
+                    skipped += 1
+                else:
+                    append(rec)
         except OSError as e:
             self._close()
             raise SourceError(

@@ -227,7 +227,7 @@ def _read_netdev(if_fd: int, iface: str) -> EfaNetdevReading:
     )
 
 
-def _read_attr(dir_fd: int, name: str) -> str | None:
+def _read_attr(dir_fd: int | None, name: str) -> str | None:
     """A short attribute as text; None when it is absent or cannot be read (EINVAL, ENOENT)."""
     try:
         fd = os.open(name, _O_FILE, dir_fd=dir_fd)
@@ -474,18 +474,9 @@ def _pci_address(dev_fd: int) -> str | None:
 
 def _read_numa_node(dir_fd: int | None, path: str) -> int | None:
     """A `numa_node` attribute; -1 (no affinity reported) and garbage read as None."""
+    text = _read_attr(dir_fd, path)
     try:
-        fd = os.open(path, _O_FILE, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, _READ_SIZE)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        value = int(data)
+        value = int(text) if text is not None else -1
     except ValueError:
         return None
     return value if value >= 0 else None
