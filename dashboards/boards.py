@@ -214,7 +214,7 @@ def node_hardware() -> db.Dashboard:
         dashboard(
             "node",
             "topowatch / Node hardware",
-            "What is wrong with this node's GPUs, NVLink, EFA and NUMA placement?",
+            "What is wrong with this node's GPUs, NVLink, EFA, kernel log and NUMA placement?",
             ["node", "gpu"],
         )
         .with_variable(
@@ -465,9 +465,83 @@ def node_hardware() -> db.Dashboard:
         )
         .with_panel(
             single(
-                "EFA ports down",
-                "Ports not ACTIVE.",
-                f"count(topowatch_efa_port_up{{{n}}} == 0) or vector(0)",
+                "EFA links down",
+                "ENA interfaces paired with an EFA device that are down (operstate not up, or"
+                " carrier lost). Only a few devices have one (on p5, most are EFA-only: watch"
+                " their counters). The EFA port state is not shown: the efa driver reports every"
+                " port ACTIVE whatever the link does.",
+                f"count(topowatch_efa_netdev_up{{{n}}} == 0) or vector(0)",
+            )
+        )
+        .with_panel(
+            single(
+                "EFA admin queues stuck",
+                "Devices with admin commands they never completed (no_completion_cmds above 0):"
+                " the driver has closed their admin queue until it re-initialises them (reboot).",
+                f"count(topowatch_efa_no_completion_cmds_total{{{n}}} > 0) or vector(0)",
+            )
+        )
+        .with_panel(
+            grid(
+                "EFA link state",
+                "Each ENA interface paired with an EFA device: up (1) or not, and its carrier"
+                " changes since boot (a rising count is a flapping link).",
+                query(f"max by (device, interface) (topowatch_efa_netdev_up{{{n}}})", instant=True),
+                query(
+                    "max by (device, interface)"
+                    f" (topowatch_efa_netdev_carrier_changes_total{{{n}}})",
+                    instant=True,
+                ),
+                width=12,
+            )
+        )
+        .with_row(db.Row("Kernel log"))
+        .with_panel(
+            series(
+                "Kernel log events",
+                "Kernel log lines matching a fault pattern, by kind and severity (XIDs, SXIDs,"
+                " GPUs fallen off the bus, EFA driver errors, PCIe AER, NVLink, hung tasks).",
+                "short",
+                query(
+                    "sum by (kind, severity)"
+                    f" (increase(topowatch_kernel_log_events_total{{{n}}}[{RATE}]))",
+                    "{{kind}} {{severity}}",
+                ),
+            )
+        )
+        .with_panel(
+            series(
+                "Kernel log lines read and lost",
+                "Records read per second, and those the kernel overwrote before the agent read"
+                " them (dropped: a fault may have gone unseen) or that could not be parsed.",
+                "short",
+                query(f"rate(topowatch_kernel_log_lines_total{{{n}}}[{RATE}])", "{{source}} read"),
+                query(
+                    f"increase(topowatch_kernel_log_dropped_total{{{n}}}[{RATE}])",
+                    "{{source}} dropped",
+                ),
+                query(
+                    f"increase(topowatch_kernel_log_malformed_total{{{n}}}[{RATE}])",
+                    "{{source}} malformed",
+                ),
+            )
+        )
+        .with_panel(
+            grid(
+                "Latest kernel log events",
+                "Per pattern and GPU or device: lines seen since the agent started (Value #A)"
+                " and seconds since the latest (Value #B).",
+                query(
+                    "max by (kind, pattern, severity, gpu, device)"
+                    f" (topowatch_kernel_log_events_total{{{n}}})",
+                    instant=True,
+                ),
+                query(
+                    "time() - max by (kind, pattern, severity, gpu, device)"
+                    f" (topowatch_kernel_log_last_event_timestamp_seconds{{{n}}})",
+                    instant=True,
+                ),
+                width=24,
             )
         )
         .with_row(db.Row("NUMA and affinity"))

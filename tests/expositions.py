@@ -1,12 +1,13 @@
 """What topowatch exposes, as Prometheus would scrape it, for tests that check dashboards and
 alert rules against real metric names.
 
-Two sources: the node agent on each simulated hardware profile with faults that light up every
-health finding (and an XID), and the cluster service over a few minutes of the simulated
-HyperPod cluster (preemptions, pending workloads, a workload spread past the layer it
-preferred, a cordoned node, a remediation controller in observe mode that has seen a sick node,
-quota advice). Everything runs on simulated time, so the text is the same on every run up to
-sample values.
+Two sources: the node agent on each simulated hardware profile, its kernel log monitor on, with
+faults that light up every health finding, an XID and kernel log lines of every severity, and
+the cluster service over a few minutes of the simulated HyperPod cluster (preemptions, pending
+workloads, a workload spread past the layer it preferred, a cordoned node, a remediation
+controller in observe mode that has seen a sick node, quota advice, EFA remote errors reported
+by all but one node of a workload, which names that one). Everything runs on simulated time, so
+the text is the same on every run up to sample values.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ SPREAD_JOB = "spread-train"  # a workload whose preferred topology could not be 
 LAYER3 = "topology.k8s.aws/network-node-layer-3"
 
 # Per profile, faults covering every check the simulation can trigger (numa_misplaced and
-# row_remap_pending follow from the simulated processes and the ECC fault).
+# row_remap_pending follow from the simulated processes and the ECC fault), and kernel log lines
+# of each severity (gpu-lost logs XID 79 and a fatal fallen-off-the-bus line).
 FAULTS: dict[str, tuple[str, ...]] = {
     "p5.48xlarge": (
         "xid=79@gpu3",
@@ -54,6 +56,12 @@ FAULTS: dict[str, tuple[str, ...]] = {
         "pcie-degraded@gpu6",
         "efa-missing@rdmap16s27",
         "efa-unresponsive@rdmap16s28",
+        # rdmap48s27 (EFA device index 8) is one of the few p5 devices with a paired ENA
+        # interface: the simulation pairs every eighth, as only their netdev_up series exist.
+        "efa-link-down@rdmap48s27",
+        "efa-reset-failed@rdmap16s29",
+        "aer@gpu4",
+        "hung-task",
         "rootfs-ro",
     ),
     "p6e-gb200.36xlarge": (
@@ -110,6 +118,9 @@ class FaultyNode:
         in its own thread; without it `poll(step)` advances simulated time."""
         self.node = SimulatedNode(get_profile(profile), parse_faults(FAULTS[profile]), start=start)
         self.sources = self.node.sources()
+        # The kernel log monitor on, as the agent runs it by default (--kernel-log auto): it
+        # must be wired before the Poller is built, which sets up its ledger then.
+        self.sources.kernel_log = self.node.kernel_log_source()
         self.now = start
         self.poller = Poller(
             node_name, self.sources, clock=clock or (lambda: self.now), health=HealthMonitor()
@@ -167,10 +178,26 @@ def simulated_world() -> SimulatedWorld:
         cluster.step(now)
     clock_now = clock[0] = now
     sick = nodes[0].name
+    findings = {sick: [_xid_finding(clock_now)]}
+    # EFA remote errors on every node of the spread workload but one: the cluster service's
+    # correlation names the silent one (only-silent-node). No finding here asks for an action,
+    # so the remediation controller still sees exactly one sick node.
+    spread = sorted(
+        node.name
+        for node in nodes
+        if any(
+            pod.startswith(f"{SPREAD_JOB}-") for _, pod, _ in cluster.gpu_pods(node.name).values()
+        )
+    )
+    for name in spread[:-1]:
+        findings.setdefault(name, []).append(_remote_errors_finding(clock_now))
     for kind, plural in _PLURALS:
         items = [dict(obj, kind=kind) for obj in store.items(plural)]
         if kind == "Node":
-            items = [_with_finding(obj, clock_now) if _name(obj) == sick else obj for obj in items]
+            items = [
+                _with_findings(obj, findings[_name(obj)]) if _name(obj) in findings else obj
+                for obj in items
+            ]
         service.replace(kind, items)
     controller.run_once()
     service.sample_quota()
@@ -196,13 +223,35 @@ def _name(obj: dict[str, Any]) -> str:
     return str(meta.get("name", ""))
 
 
-def _with_finding(node: dict[str, Any], now: float) -> dict[str, Any]:
-    """`node` as its agent would report it with an XID 79 (fatal, replace)."""
-    sick = Finding("xid", "gpu3", "fatal", "replace", "XID 79 fallen off the bus", now, now, True)
+def _xid_finding(now: float) -> Finding:
+    """An XID 79 (fatal, replace) as the node agent reports it."""
+    return Finding("xid", "gpu3", "fatal", "replace", "XID 79 fallen off the bus", now, now, True)
+
+
+def _remote_errors_finding(now: float) -> Finding:
+    """The node agent's `efa_remote_errors` finding (warning, no action; healthcheck/checks/efa.py)
+    on a node whose peers stopped answering for the last five minutes."""
+    return Finding(
+        "efa_remote_errors",
+        "rdmap16s27:1",
+        "warning",
+        "none",
+        "unresponsive_remote_events +12.0/s (max 1)",
+        now - 300.0,
+        now,
+    )
+
+
+def _with_findings(node: dict[str, Any], findings: list[Finding]) -> dict[str, Any]:
+    """`node` as its agent would report it with `findings` in its annotation, at the new
+    resourceVersion the API server gives the patched object (the model skips a re-listed
+    object whose version it already holds)."""
     meta = dict(node.get("metadata") or {})
+    version = str(meta.get("resourceVersion") or "0")
+    meta["resourceVersion"] = str(int(version) + 1) if version.isdigit() else f"{version}-1"
     meta["annotations"] = {
         **(meta.get("annotations") or {}),
-        FINDINGS_ANNOTATION: findings_to_json([sick]),
+        FINDINGS_ANNOTATION: findings_to_json(findings),
     }
     meta["managedFields"] = [*(meta.get("managedFields") or []), agent_entry()]
     return {**node, "metadata": meta}

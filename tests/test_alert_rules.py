@@ -215,3 +215,18 @@ def test_the_checks_above_catch_an_invented_metric() -> None:
     assert selector.name in exposed
     assert "colour" not in labels_by_metric()[selector.name]
     assert "topowatch_gpu_vibes_total" not in exposed
+
+
+# Series that cannot change on real hardware: the efa driver hard-codes every port's state to
+# ACTIVE/LinkUp (efa_query_port in efa_verbs.c), so an alert on them could never fire.
+CONSTANT_SERIES = frozenset({"topowatch_efa_port_up", "topowatch_efa_port_info"})
+
+
+def test_no_alert_reads_a_series_the_hardware_never_changes() -> None:
+    used = {
+        f"{alert['alert']}: {selector.name}"
+        for alert in alerts()
+        for selector in selectors(alert["expr"])
+        if selector.name in CONSTANT_SERIES
+    }
+    assert not used, f"alerts that can never fire on real hardware: {sorted(used)}"

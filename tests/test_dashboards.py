@@ -271,8 +271,11 @@ def panel_expr(board: str, where: str, node: str) -> str:
     return substitute(exprs[where], {**DEFAULTS, "node": node})
 
 
-def promtool_evaluates(cases: list[dict[str, Any]]) -> None:
-    """Run `promtool test rules` with promql_expr_test cases over NVLINK_SERIES at 5m."""
+def promtool_evaluates(
+    cases: list[dict[str, Any]], series: list[tuple[str, str]] | None = None
+) -> None:
+    """Run `promtool test rules` with promql_expr_test cases over `series` (NVLINK_SERIES
+    unless given) at 5m."""
     import shutil
     import subprocess
     import tempfile
@@ -288,7 +291,7 @@ def promtool_evaluates(cases: list[dict[str, Any]]) -> None:
         "tests": [
             {
                 "interval": "15s",
-                "input_series": [{"series": s, "values": v} for s, v in NVLINK_SERIES],
+                "input_series": [{"series": s, "values": v} for s, v in (series or NVLINK_SERIES)],
                 "promql_expr_test": [{"eval_time": "5m", **case} for case in cases],
             }
         ],
@@ -380,4 +383,133 @@ def test_node_board_shows_each_gpus_fabric_and_counts_the_unhealthy_ones() -> No
                 "exp_samples": [{"labels": "{}", "value": 0}],
             },
         ]
+    )
+
+
+def _efa(node: str, device: str) -> str:
+    return f'node="{node}",device="{device}"'
+
+
+def _kernel(node: str, kind: str, pattern: str, severity: str, gpu: str, device: str) -> str:
+    return (
+        f'node="{node}",kind="{kind}",pattern="{pattern}",severity="{severity}",'
+        f'gpu="{gpu}",device="{device}"'
+    )
+
+
+# A p5 node (15 s samples, read at 5m): rdmap16s27's ENA interface is down while the driver's
+# port state says ACTIVE, as it always does; rdmap16s29's admin queue died; the kernel log has a
+# fatal EFA driver line (at 150 s) and a hung task (at 30 s), and lost 4 records.
+EFA_KERNEL_SERIES = [
+    (f'topowatch_efa_port_up{{{_efa(HOPPER, "rdmap16s27")},port="1"}}', "1x20"),
+    (f'topowatch_efa_netdev_up{{{_efa(HOPPER, "rdmap16s27")},interface="ens32"}}', "1x10 0x10"),
+    (f'topowatch_efa_netdev_up{{{_efa(HOPPER, "rdmap48s27")},interface="ens40"}}', "1x20"),
+    (
+        f"topowatch_efa_netdev_carrier_changes_total{{{_efa(HOPPER, 'rdmap16s27')},"
+        'interface="ens32"}',
+        "2x10 3x10",
+    ),
+    (
+        f"topowatch_efa_netdev_carrier_changes_total{{{_efa(HOPPER, 'rdmap48s27')},"
+        'interface="ens40"}',
+        "2x20",
+    ),
+    (f"topowatch_efa_no_completion_cmds_total{{{_efa(HOPPER, 'rdmap16s29')}}}", "0x10 1x10"),
+    (f"topowatch_efa_no_completion_cmds_total{{{_efa(HOPPER, 'rdmap16s30')}}}", "0x20"),
+    (
+        "topowatch_kernel_log_events_total{"
+        + _kernel(HOPPER, "efa_driver", "efa_device_reset_failed", "fatal", "", "rdmap16s29")
+        + "}",
+        "_x10 1x10",
+    ),
+    (
+        "topowatch_kernel_log_last_event_timestamp_seconds{"
+        + _kernel(HOPPER, "efa_driver", "efa_device_reset_failed", "fatal", "", "rdmap16s29")
+        + "}",
+        "_x10 150x10",
+    ),
+    (
+        "topowatch_kernel_log_events_total{"
+        + _kernel(HOPPER, "hung_task", "hung_task", "warning", "", "")
+        + "}",
+        "_x2 1x18",
+    ),
+    (
+        "topowatch_kernel_log_last_event_timestamp_seconds{"
+        + _kernel(HOPPER, "hung_task", "hung_task", "warning", "", "")
+        + "}",
+        "_x2 30x18",
+    ),
+]
+
+
+def test_node_board_shows_efa_link_state_from_the_netdev_not_the_drivers_constant() -> None:
+    """The efa driver reports every port ACTIVE: the board counts links down from the paired
+    ENA interface, and stuck admin queues from no_completion_cmds."""
+    promtool_evaluates(
+        [
+            {
+                "expr": panel_expr("node-hardware", "EFA links down [A]", HOPPER),
+                "exp_samples": [{"labels": "{}", "value": 1}],
+            },
+            {
+                "expr": panel_expr("node-hardware", "EFA admin queues stuck [A]", HOPPER),
+                "exp_samples": [{"labels": "{}", "value": 1}],
+            },
+            {  # a node with nothing wrong reads 0, not "no data"
+                "expr": panel_expr("node-hardware", "EFA links down [A]", GB200),
+                "exp_samples": [{"labels": "{}", "value": 0}],
+            },
+            {
+                "expr": panel_expr("node-hardware", "EFA link state [A]", HOPPER),
+                "exp_samples": [
+                    {"labels": '{device="rdmap16s27", interface="ens32"}', "value": 0},
+                    {"labels": '{device="rdmap48s27", interface="ens40"}', "value": 1},
+                ],
+            },
+            {
+                "expr": panel_expr("node-hardware", "EFA link state [B]", HOPPER),
+                "exp_samples": [
+                    {"labels": '{device="rdmap16s27", interface="ens32"}', "value": 3},
+                    {"labels": '{device="rdmap48s27", interface="ens40"}', "value": 2},
+                ],
+            },
+        ],
+        EFA_KERNEL_SERIES,
+    )
+
+
+def test_node_board_lists_the_latest_kernel_log_events() -> None:
+    promtool_evaluates(
+        [
+            {
+                "expr": panel_expr("node-hardware", "Latest kernel log events [A]", HOPPER),
+                "exp_samples": [
+                    {
+                        "labels": '{kind="efa_driver", pattern="efa_device_reset_failed",'
+                        ' severity="fatal", device="rdmap16s29"}',
+                        "value": 1,
+                    },
+                    {
+                        "labels": '{kind="hung_task", pattern="hung_task", severity="warning"}',
+                        "value": 1,
+                    },
+                ],
+            },
+            {  # seconds since the latest line, at 300 s
+                "expr": panel_expr("node-hardware", "Latest kernel log events [B]", HOPPER),
+                "exp_samples": [
+                    {
+                        "labels": '{kind="efa_driver", pattern="efa_device_reset_failed",'
+                        ' severity="fatal", device="rdmap16s29"}',
+                        "value": 150,
+                    },
+                    {
+                        "labels": '{kind="hung_task", pattern="hung_task", severity="warning"}',
+                        "value": 270,
+                    },
+                ],
+            },
+        ],
+        EFA_KERNEL_SERIES,
     )

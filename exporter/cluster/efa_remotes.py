@@ -75,7 +75,7 @@ class NodeReport:
     known: bool  # its findings annotation is there and readable
     remote_since: float | None  # onset of its current efa_remote_errors findings; None: none
     remote_ports: tuple[str, ...] = ()  # the components reporting them
-    local_faults: tuple[str, ...] = ()  # "efa_port_down on rdmap16s27:1"
+    local_faults: tuple[str, ...] = ()  # "efa_link_down on rdmap16s27:eth1"
 
     @property
     def reporting(self) -> bool:

@@ -246,7 +246,7 @@ class EfaFinding:
     `topowatch.io/findings` annotation (healthcheck.findings' JSON form); the cluster service
     keeps only these, for `exporter.cluster.efa_remotes`."""
 
-    check: str  # "efa_remote_errors", "efa_port_down", "efa_missing", ...
+    check: str  # "efa_remote_errors", "efa_link_down", "efa_missing", ...
     component: str  # "<efa device>:<port>", or "node"
     first_seen: float  # Unix seconds: the finding's onset on that node
     last_seen: float  # as of the agent's last write (it rewrites at least every 300 s)
