@@ -209,9 +209,12 @@ def from_model(
     model: ClusterModel, now: float | None = None, min_reporters: int = MIN_REPORTERS
 ) -> list[Correlation]:
     """`correlate` over the model's live workloads and the nodes their GPU pods run on."""
-    reports = node_reports(model.nodes.values(), now)
+    nodes = model.nodes.values()
+    if not any(f.check == REMOTE_CHECK for n in nodes for f in n.efa_findings):
+        return []  # the usual case, asked on every explain and /metrics: no report built
+    reports = node_reports(nodes, now)
     if not any(r.reporting for r in reports.values()):
-        return []  # the usual case: no pod lookups at all
+        return []  # only stale reports: no pod lookups at all
     workloads = {
         state.workload.key: {p.node for p in model.pods_of(state.workload) if p.holds_gpus}
         for state in model.live()
