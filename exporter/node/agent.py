@@ -23,6 +23,8 @@ from exporter.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
 
+KERNEL_LOG_PUMP_S = 0.25
+
 
 class NodeAgent:
     """Owns the poll thread and the current exposition; the HTTP server reads from it."""
@@ -81,7 +83,20 @@ class NodeAgent:
             if delay < 0:  # fell behind (slow NVML): skip missed ticks rather than burst
                 next_at = time.monotonic()
                 delay = 0
+            self._wait(next_at, delay)
+
+    def _wait(self, next_at: float, delay: float) -> None:
+        """Until the next poll; with a kernel log, draining it every KERNEL_LOG_PUMP_S on the
+        way (Poller.pump_kernel_log), so a burst does not outrun the kernel's ring."""
+        if not self.poller.reads_kernel_log:
             self._stop.wait(delay)
+            return
+        while delay > 0 and not self._stop.wait(min(delay, KERNEL_LOG_PUMP_S)):
+            try:
+                self.poller.pump_kernel_log()
+            except Exception:
+                log.exception("kernel log pump failed")
+            delay = next_at - time.monotonic()
 
     @property
     def not_ready_reason(self) -> str | None:

@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 COMPAT_MODES = frozenset({"dcgm", "efa"})
+# Fault lines held between polls (kernel_log pumps): a storm beyond this many is counted as
+# dropped rather than held in memory.
+KERNEL_LOG_PENDING_MAX = 50_000
 
 
 @dataclass
@@ -121,6 +124,37 @@ class Poller:
         self._kernel: KernelLogLedger | None = None
         if sources.kernel_log is not None:
             self._kernel = KernelLogLedger(sources.kernel_log.name)
+        self._kernel_pending: list[KernelLogBatch] = []
+        self._kernel_pending_records = 0
+
+    @property
+    def reads_kernel_log(self) -> bool:
+        return self.sources.kernel_log is not None
+
+    def pump_kernel_log(self) -> None:
+        """Read the kernel log between polls and hold what came for the next poll. The kernel's
+        ring overwrites the oldest lines when full (about 8,000 on a p5's 1 MiB ring, 1,300 on a
+        128 KiB one), so a storm between two 5 s polls could outrun it; drained every 250 ms
+        (NodeAgent), a ring that size holds bursts of tens of thousands of lines a second.
+        Called from the poll thread only. A failure here is left for the poll to meet, count and
+        log: nothing read is lost, the reader re-reads it from the ring."""
+        source = self.sources.kernel_log
+        if source is None:
+            return
+        try:
+            batch = source.read()
+        except Exception:
+            return
+        if not (batch.records or batch.dropped or batch.malformed or batch.skipped):
+            return
+        if self._kernel_pending_records + len(batch.records) > KERNEL_LOG_PENDING_MAX:
+            batch = KernelLogBatch(
+                dropped=batch.dropped + len(batch.records),
+                malformed=batch.malformed,
+                skipped=batch.skipped,
+            )
+        self._kernel_pending.append(batch)
+        self._kernel_pending_records += len(batch.records)
 
     # -- one poll ---------------------------------------------------------------------------
 
@@ -276,6 +310,15 @@ class Poller:
             return gpu, None
         ledger.learn_gpus(gpu)
         batch = self._collect(run, "kernel_log", source.read, KernelLogBatch())
+        if self._kernel_pending:  # what the pumps read since the last poll comes first
+            batches, self._kernel_pending = [*self._kernel_pending, batch], []
+            self._kernel_pending_records = 0
+            batch = KernelLogBatch(
+                records=tuple(r for b in batches for r in b.records),
+                dropped=sum(b.dropped for b in batches),
+                malformed=sum(b.malformed for b in batches),
+                skipped=sum(b.skipped for b in batches),
+            )
         events = ledger.record(batch)
         merged = ledger.merge_xids(gpu.xid_events, ledger.log_xids(events), now)
         if merged != gpu.xid_events:
