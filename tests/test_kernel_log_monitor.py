@@ -472,9 +472,9 @@ def storm(node: SimulatedNode, rounds: int) -> None:
 def test_a_storm_between_polls_is_drained_by_the_pumps_not_lost_to_the_ring(
     tmp_path: Path, pumped: bool
 ) -> None:
-    """A ring of 16 KiB holds about 340 of these lines; 404 arrive between two polls. Drained between
-    polls (as NodeAgent does every 250 ms) every line is read; left to the next poll, the ring
-    overwrites most of them and the agent counts exactly how many."""
+    """A ring of 16 KiB holds about 340 of these lines; 404 arrive between two polls. Drained
+    between polls (as NodeAgent does every 250 ms) every line is read; left to the next poll,
+    the ring overwrites the oldest and the agent counts exactly how many."""
     node, poller = pumped_poller(tmp_path, 1 << 14)
     try:
         for _ in range(4):
