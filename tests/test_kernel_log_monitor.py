@@ -241,7 +241,7 @@ def test_a_log_xid_on_a_gpu_that_is_not_ours_is_counted_but_is_no_xid_event() ->
 
 def count(
     kind: str, severity: str, *, gpu: str = "", device: str = "d", n: int = 1, age: float = 0.0
-):  # type: ignore[no-untyped-def]
+) -> KernelLogCount:
     return KernelLogCount(kind, kind, severity, gpu, device, n, 10_000.0 - age, f"a {kind} line")
 
 
@@ -461,11 +461,23 @@ def pumped_poller(tmp: Path, capacity: int) -> tuple[SimulatedNode, Poller]:
     return node, Poller("n", sources, clock=lambda: START + 5)
 
 
-def storm(node: SimulatedNode, rounds: int) -> None:
-    for r in range(rounds):
-        for i in range(100):
-            node.kernel_log.write(f"EXT4-fs (nvme0n1p1): ordinary line {r}.{i}")
-        node.kernel_log.write(f"INFO: task python3:{r} blocked for more than 122 seconds.")
+def storms_then_poll(tmp: Path, capacity: int, storms: int, pumped: bool) -> KernelLogReading:
+    """`storms` times 100 ordinary lines and a hung task, with a pump after each if `pumped`,
+    then one poll: what it read."""
+    node, poller = pumped_poller(tmp, capacity)
+    try:
+        for r in range(storms):
+            for i in range(100):
+                node.kernel_log.write(f"EXT4-fs (nvme0n1p1): ordinary line {r}.{i}")
+            node.kernel_log.write(f"INFO: task python3:{r} blocked for more than 122 seconds.")
+            if pumped:
+                poller.pump_kernel_log()
+        snapshot, _ = poller.poll()
+    finally:
+        poller.sources.close()
+        node.close()
+    assert snapshot.kernel_log is not None
+    return snapshot.kernel_log
 
 
 @pytest.mark.parametrize("pumped", [True, False])
@@ -475,18 +487,7 @@ def test_a_storm_between_polls_is_drained_by_the_pumps_not_lost_to_the_ring(
     """A ring of 16 KiB holds about 340 of these lines; 404 arrive between two polls. Drained
     between polls (as NodeAgent does every 250 ms) every line is read; left to the next poll,
     the ring overwrites the oldest and the agent counts exactly how many."""
-    node, poller = pumped_poller(tmp_path, 1 << 14)
-    try:
-        for _ in range(4):
-            storm(node, 1)
-            if pumped:
-                poller.pump_kernel_log()
-        snapshot, _ = poller.poll()
-    finally:
-        poller.sources.close()
-        node.close()
-    reading = snapshot.kernel_log
-    assert reading is not None
+    reading = storms_then_poll(tmp_path, 1 << 14, 4, pumped)
     assert reading.lines + reading.dropped == 404
     hung = sum(c.count for c in reading.counts if c.kind == "hung_task")
     if pumped:
@@ -501,17 +502,7 @@ def test_fault_lines_held_between_polls_are_bounded(
     from exporter.node import poller as poller_module
 
     monkeypatch.setattr(poller_module, "KERNEL_LOG_PENDING_MAX", 2)
-    node, poller = pumped_poller(tmp_path, 1 << 16)
-    try:
-        for _ in range(5):
-            storm(node, 1)
-            poller.pump_kernel_log()
-        snapshot, _ = poller.poll()
-    finally:
-        poller.sources.close()
-        node.close()
-    reading = snapshot.kernel_log
-    assert reading is not None
+    reading = storms_then_poll(tmp_path, 1 << 16, 5, pumped=True)
     assert [c.count for c in reading.counts if c.kind == "hung_task"] == [2]
     assert reading.dropped == 3  # held no more: counted, not kept
     assert reading.lines + reading.dropped == 505
