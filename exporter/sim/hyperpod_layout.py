@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from exporter.sim.kueue.scheduler import HOSTNAME, FlavorSpec, Mode, QueuePolicy, Quota
 from exporter.topology.labels import (
     HEALTH_STATUS_KEY,
+    INSTANCE_GROUP_KEY,
     INSTANCE_TYPE_KEY,
     LAYER_KEYS,
     REGION_KEY,
@@ -142,7 +143,7 @@ def _node(rng: random.Random, instance_type: str, network: Mapping[str, str]) ->
         ZONE: ZONE_NAME,
         **network,
         "sagemaker.amazonaws.com/compute-type": "hyperpod",
-        "sagemaker.amazonaws.com/instance-group-name": group,
+        INSTANCE_GROUP_KEY: group,
         "sagemaker.amazonaws.com/deep-health-check-status": "Passed",
         HEALTH: "Schedulable",
     }

@@ -37,6 +37,8 @@ HEALTH_STATUS_KEY = "sagemaker.amazonaws.com/node-health-status"
 # HyperPod's deep health check (DCGM level 4, EFA, NCCL) on this node: InProgress, Passed or
 # Failed (sagemaker-hyperpod-eks-resiliency-node-labels). Absent when none ever ran.
 DEEP_HEALTH_CHECK_KEY = "sagemaker.amazonaws.com/deep-health-check-status"
+# The HyperPod instance group a node belongs to (what StartClusterHealthCheck names).
+INSTANCE_GROUP_KEY = "sagemaker.amazonaws.com/instance-group-name"
 DEEP_HEALTH_PASSED = "Passed"
 DEEP_HEALTH_UNAVAILABLE: frozenset[str] = frozenset({"InProgress", "Failed"})
 # The provider id EKS and HyperPod give a Node: aws:///<zone>/<instance id>.

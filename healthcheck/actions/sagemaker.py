@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from exporter.topology.labels import INSTANCE_GROUP_KEY
 from healthcheck.actions.base import ActionRequest, ActionResult
 
 BATCH_LIMIT = 25
@@ -31,7 +32,7 @@ THROTTLING_CODES = frozenset(
 )
 _INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8}(?:[0-9a-f]{9})?$")
 _OPERATION = {"reboot": "batch_reboot_cluster_nodes", "replace": "batch_replace_cluster_nodes"}
-INSTANCE_GROUP_LABEL = "sagemaker.amazonaws.com/instance-group-name"
+INSTANCE_GROUP_LABEL = INSTANCE_GROUP_KEY
 DEEP_HEALTH_CHECKS = ("InstanceStress", "InstanceConnectivity")  # the model's DeepHealthCheckType
 DEFAULT_DEEP_CHECKS = ("InstanceStress",)
 # The API's limits: 99 instance groups a call, 500 instance ids a group.
