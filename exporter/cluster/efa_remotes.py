@@ -152,8 +152,10 @@ def correlate(
         raise ValueError(f"min_reporters must be at least 1, got {min_reporters}")
     if not any(r.reporting for r in reports.values()):
         return []
-    held: list[tuple[WorkloadKey, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
-    out: list[Correlation] = []
+    # (key, nodes, reporters, silent, unknown) of every workload with a reporting node
+    seen: list[
+        tuple[WorkloadKey, tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+    ] = []
     for key, node_set in workloads.items():
         nodes = tuple(sorted(set(node_set)))
         if len(nodes) < 2:
@@ -163,37 +165,27 @@ def correlate(
             continue
         silent = tuple(n for n in nodes if n not in reporters)
         unknown = tuple(n for n in silent if not _known(reports, n))
-        if len(reporters) < min_reporters:
-            out.append(
-                Correlation(
-                    key[0],
-                    key[1],
-                    nodes,
-                    reporters,
-                    False,
-                    None,
-                    silent=silent,
-                    unknown=unknown,
-                    summary=_summary(nodes, reporters, None, (), silent, unknown),
-                )
-            )
-            continue
-        held.append((key, nodes, reporters, silent))
+        seen.append((key, nodes, reporters, silent, unknown))
+    # Rule 4c counts, for each silent node, the affected workloads it is silent in.
     shared: Counter[str] = Counter()
-    for _, _, _, silent in held:
-        shared.update(silent)
-    for key, nodes, reporters, silent in held:
-        onsets = sorted(reports[n].remote_since or 0.0 for n in reporters)
-        since = onsets[min_reporters - 1]
-        unknown = tuple(n for n in silent if not _known(reports, n))
-        suspects = _suspects(nodes, silent, unknown, reports, shared)
+    for _, _, reporters, silent, _ in seen:
+        if len(reporters) >= min_reporters:
+            shared.update(silent)
+    out: list[Correlation] = []
+    for key, nodes, reporters, silent, unknown in seen:
+        since: float | None = None
+        suspects: tuple[Suspect, ...] = ()
+        if len(reporters) >= min_reporters:
+            onsets = sorted(reports[n].remote_since or 0.0 for n in reporters)
+            since = onsets[min_reporters - 1]
+            suspects = _suspects(nodes, silent, unknown, reports, shared)
         out.append(
             Correlation(
                 key[0],
                 key[1],
                 nodes,
                 reporters,
-                True,
+                since is not None,
                 since,
                 suspects,
                 silent,
