@@ -149,26 +149,18 @@ class SageMakerNodes:
         ]
         asked = [(group, i, node) for group, ids in groups.items() for i, node in ids.items()]
         checks = "+".join(self.deep_checks)
-        error, code = "not attempted", ""
-        for attempt in range(self.max_attempts):
-            try:
-                response = self.client.start_cluster_health_check(
-                    ClusterName=self.cluster_name, DeepHealthCheckConfigurations=configurations
-                )
-            except Exception as exc:  # botocore ClientError, endpoint errors
-                code = _error_code(exc)
-                error = f"start_cluster_health_check failed: {code or exc}"
-                if code not in THROTTLING_CODES or attempt + 1 == self.max_attempts:
-                    break
-                self.sleep(self.base_delay_s * (2**attempt))
-            else:
-                arn = response.get("ClusterArn", self.cluster_name)
-                return results + [
-                    ActionResult(
-                        node, True, f"deep health check {checks} of {i} ({group}) on {arn}"
-                    )
-                    for group, i, node in asked
-                ]
+        response, code, error = self._retrying(
+            "start_cluster_health_check",
+            lambda: self.client.start_cluster_health_check(
+                ClusterName=self.cluster_name, DeepHealthCheckConfigurations=configurations
+            ),
+        )
+        if response is not None:
+            arn = response.get("ClusterArn", self.cluster_name)
+            return results + [
+                ActionResult(node, True, f"deep health check {checks} of {i} ({group}) on {arn}")
+                for group, i, node in asked
+            ]
         later = code in BUSY_CODES or code in THROTTLING_CODES
         if later:
             error += ": the cluster runs one on-demand deep check at a time; asked again later"
@@ -176,18 +168,9 @@ class SageMakerNodes:
 
     def _call(self, action: str, ids: list[str], by_id: dict[str, str]) -> list[ActionResult]:
         operation = getattr(self.client, _OPERATION[action])
-        response: dict[str, Any] | None = None
-        error = "not attempted"
-        for attempt in range(self.max_attempts):
-            try:
-                response = operation(ClusterName=self.cluster_name, NodeIds=ids)
-                break
-            except Exception as exc:  # botocore ClientError, endpoint errors
-                code = _error_code(exc)
-                error = f"{_OPERATION[action]} failed: {code or exc}"
-                if code not in THROTTLING_CODES or attempt + 1 == self.max_attempts:
-                    break
-                self.sleep(self.base_delay_s * (2**attempt))
+        response, _, error = self._retrying(
+            _OPERATION[action], lambda: operation(ClusterName=self.cluster_name, NodeIds=ids)
+        )
         if response is None:
             return [ActionResult(by_id[i], False, error) for i in ids]
         failed = {
@@ -205,6 +188,23 @@ class SageMakerNodes:
             else:
                 results.append(ActionResult(node, False, f"{instance} missing from the response"))
         return results
+
+    def _retrying(
+        self, name: str, call: Callable[[], dict[str, Any]]
+    ) -> tuple[dict[str, Any] | None, str, str]:
+        """`call`, retried with exponential backoff while SageMaker throttles, at most
+        `max_attempts` times: (its response, or None; the last error code; the last error)."""
+        code, error = "", "not attempted"
+        for attempt in range(self.max_attempts):
+            try:
+                return call(), "", ""
+            except Exception as exc:  # botocore ClientError, endpoint errors
+                code = _error_code(exc)
+                error = f"{name} failed: {code or exc}"
+                if code not in THROTTLING_CODES or attempt + 1 == self.max_attempts:
+                    break
+                self.sleep(self.base_delay_s * (2**attempt))
+        return None, code, error
 
 
 def _error_code(exc: Exception) -> str:
