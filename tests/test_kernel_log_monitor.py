@@ -547,3 +547,24 @@ def test_the_agent_drains_the_kernel_log_between_polls(tmp_path: Path) -> None:
     finally:
         node_agent.stop()
     assert counting.polls == 1
+
+
+def test_lines_of_one_kind_on_one_component_make_one_finding_with_the_strongest_verdict(
+    base_snapshot: NodeSnapshot,
+) -> None:
+    """A non-fatal and a fatal AER line on the same GPU are one `kernel_pcie_aer` finding: the
+    fatal one's reboot (the strongest verdict wins, as for XIDs), its evidence counting both."""
+    counts = (
+        count("pcie_aer", "error", gpu="4", n=3, age=10.0),
+        count("pcie_aer", "fatal", gpu="4", n=1, age=60.0),
+    )
+    snapshot = dataclasses.replace(
+        base_snapshot, kernel_log=KernelLogReading(source="kmsg", counts=counts)
+    )
+    [found] = [
+        f
+        for f in run_checks(snapshot, History(), config_from_mapping({}), 10_000.0)
+        if f.check == "kernel_pcie_aer"
+    ]
+    assert (found.component, found.severity, found.action) == ("gpu4", "critical", "reboot")
+    assert found.evidence.startswith("4 kernel log line(s), latest 10s ago")

@@ -11,6 +11,8 @@ lines are left to the XID check: the poller merged them with NVML's XIDs, one fa
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from exporter.snapshot import KernelLogCount, NodeSnapshot
 from healthcheck.checks.base import History, finding
 from healthcheck.config import HealthConfig
@@ -26,23 +28,17 @@ def check(
     if reading is None:
         return []
     cfg = config.kernel_log
-    strongest: dict[tuple[str, str], tuple[str, str, list[KernelLogCount]]] = {}
+    judged: dict[tuple[str, str], list[tuple[tuple[str, str], KernelLogCount]]] = defaultdict(list)
     for c in reading.counts:
         if c.kind in _LEFT_TO_XID_CHECK or now - c.last_at > cfg.hold_seconds:
             continue
         verdict = _verdict(c, config)
-        if verdict is None:
-            continue
-        key = (f"kernel_{c.kind}", _component(c))
-        held = strongest.get(key)
-        if held is None:
-            strongest[key] = (*verdict, [c])
-            continue
-        held[2].append(c)
-        if _rank(verdict) > _rank(held[:2]):
-            strongest[key] = (*verdict, held[2])
+        if verdict is not None:
+            judged[(f"kernel_{c.kind}", _component(c))].append((verdict, c))
     out = []
-    for (check_id, component), (severity, action, counts) in sorted(strongest.items()):
+    for (check_id, component), entries in sorted(judged.items()):
+        severity, action = max((verdict for verdict, _ in entries), key=_rank)
+        counts = [c for _, c in entries]
         latest = max(counts, key=lambda c: c.last_at)
         lines = sum(c.count for c in counts)
         evidence = (
@@ -66,7 +62,7 @@ def _verdict(c: KernelLogCount, config: HealthConfig) -> tuple[str, str] | None:
     return "warning", "none"
 
 
-def _rank(verdict: tuple[str, str] | tuple[str, ...]) -> tuple[int, int]:
+def _rank(verdict: tuple[str, str]) -> tuple[int, int]:
     return ACTIONS.index(verdict[1]), SEVERITIES.index(verdict[0])
 
 
