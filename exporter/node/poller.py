@@ -124,8 +124,7 @@ class Poller:
         self._kernel: KernelLogLedger | None = None
         if sources.kernel_log is not None:
             self._kernel = KernelLogLedger(sources.kernel_log.name)
-        self._kernel_pending: list[KernelLogBatch] = []
-        self._kernel_pending_records = 0
+        self._kernel_pending: list[KernelLogBatch] = []  # pumped since the last poll
 
     @property
     def reads_kernel_log(self) -> bool:
@@ -147,14 +146,14 @@ class Poller:
             return
         if not (batch.records or batch.dropped or batch.malformed or batch.skipped):
             return
-        if self._kernel_pending_records + len(batch.records) > KERNEL_LOG_PENDING_MAX:
+        held = sum(len(b.records) for b in self._kernel_pending)
+        if held + len(batch.records) > KERNEL_LOG_PENDING_MAX:
             batch = KernelLogBatch(
                 dropped=batch.dropped + len(batch.records),
                 malformed=batch.malformed,
                 skipped=batch.skipped,
             )
         self._kernel_pending.append(batch)
-        self._kernel_pending_records += len(batch.records)
 
     # -- one poll ---------------------------------------------------------------------------
 
@@ -312,7 +311,6 @@ class Poller:
         batch = self._collect(run, "kernel_log", source.read, KernelLogBatch())
         if self._kernel_pending:  # what the pumps read since the last poll comes first
             batches, self._kernel_pending = [*self._kernel_pending, batch], []
-            self._kernel_pending_records = 0
             batch = KernelLogBatch(
                 records=tuple(r for b in batches for r in b.records),
                 dropped=sum(b.dropped for b in batches),
