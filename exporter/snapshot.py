@@ -35,6 +35,17 @@ CLOCK_EVENT_REASONS = (
     "display_clock_setting",
 )
 
+# Clock-limiting policies NVML counts throttled time for (nvmlPerfPolicyType_t, read with
+# nvmlDeviceGetViolationStatus as DCGM reads its *_VIOLATION fields), keyed by our names.
+VIOLATION_POLICIES = (
+    "power",
+    "thermal",
+    "sync_boost",
+    "board_limit",
+    "low_utilization",
+    "reliability",
+)
+
 
 # What an NVML failure means for the node, decided by the GPU source from NVML's return code
 # (exporter/sources/nvml.py holds the table, with nvml.h's meaning of each code). Checks, the
@@ -165,6 +176,9 @@ class GpuReading:
     clock_sm_hz: float | None = None
     clock_memory_hz: float | None = None
     clock_event_reasons: frozenset[str] | None = None  # names from CLOCK_EVENT_REASONS
+    # Nanoseconds clocks were held down, per VIOLATION_POLICIES name, since driver load; a policy
+    # NVML does not support on this GPU is absent (never 0).
+    violation_ns: Mapping[str, int] | None = None
     pcie_link_gen_current: int | None = None
     pcie_link_gen_max: int | None = None
     pcie_link_width_current: int | None = None

@@ -452,6 +452,12 @@ def _render_gpus(fams: _Families, s: NodeSnapshot, node: str) -> None:
         "Rows remapped, by the kind of error that caused it.",
     )
     retired = fams.get("topowatch_gpu_retired_pages", COUNTER, "Pages retired, by cause.")
+    throttled = fams.get(
+        "topowatch_gpu_throttled_seconds",
+        COUNTER,
+        "Time clocks were held down by each policy (power, thermal, sync_boost, board_limit,"
+        " low_utilization, reliability) since driver load.",
+    )
     reasons = fams.get(
         "topowatch_gpu_clock_event_reason",
         GAUGE,
@@ -489,6 +495,8 @@ def _render_gpus(fams: _Families, s: NodeSnapshot, node: str) -> None:
         if g.retired_pages is not None:
             retired.add_rendered(f'{{{p},cause="single_bit_ecc"}}', g.retired_pages.single_bit_ecc)
             retired.add_rendered(f'{{{p},cause="double_bit_ecc"}}', g.retired_pages.double_bit_ecc)
+        for policy, ns in (g.violation_ns or {}).items():
+            throttled.add_rendered(f'{{{p},policy="{policy}"}}', ns / 1e9)
         for reason in sorted(g.clock_event_reasons or ()):
             reasons.add_rendered(f'{{{p},reason="{reason}"}}', 1)
         if g.fabric is not None:

@@ -25,6 +25,10 @@ addressed by scopeId = link index:
   failed, all). Before Blackwell each answers NOT_SUPPORTED once and leaves the request. The
   RAW_BER ids (216-218) are "Deprecated, do not use" in nvml.h and are not read.
 
+Throttled time per clock policy (power, thermal, sync boost, board limit, low utilization,
+reliability) comes from `nvmlDeviceGetViolationStatus`, one call per policy, nanoseconds since
+driver load: what DCGM's `DCGM_FI_DEV_*_VIOLATION` fields read.
+
 Fabric registration (`nvmlDeviceGetGpuFabricInfoV`, else `nvmlDeviceGetGpuFabricInfo`): the
 probe state, and when COMPLETED its `status` (nvml.h: "Error status, if any. Must be checked
 only if state returns 'complete'") and, from v2 on, the `healthMask`; healthcheck/checks/
@@ -62,6 +66,7 @@ from exporter.snapshot import (
     NVML_TIMEOUT,
     NVML_UNKNOWN,
     PROFILING_KEYS,
+    VIOLATION_POLICIES,
     EccCounts,
     FabricInfo,
     GpuInventory,
@@ -157,6 +162,16 @@ _LINK_FIELDS = (
     "NVLINK_ERROR_DL_RECOVERY",
     *_NVLINK5_FIELDS.values(),
 )
+# VIOLATION_POLICIES name -> nvmlPerfPolicyType_t (nvml.h's numbers).
+_VIOLATION_POLICIES = {
+    "power": 0,  # NVML_PERF_POLICY_POWER
+    "thermal": 1,  # NVML_PERF_POLICY_THERMAL
+    "sync_boost": 2,  # NVML_PERF_POLICY_SYNC_BOOST
+    "board_limit": 3,  # NVML_PERF_POLICY_BOARD_LIMIT
+    "low_utilization": 4,  # NVML_PERF_POLICY_LOW_UTILIZATION
+    "reliability": 5,  # NVML_PERF_POLICY_RELIABILITY
+}
+assert tuple(_VIOLATION_POLICIES) == VIOLATION_POLICIES
 _FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 _REMOTE_TYPES = {0x00: "gpu", 0x01: "ibmnpu", 0x02: "switch", 0xFF: "unknown"}
 # c_nvmlValue_t member holding a field value, by nvmlValueType_t.
@@ -727,6 +742,7 @@ class NvmlGpuSource:
             clock_sm_hz=None if sm is _NA else sm * MHZ,
             clock_memory_hz=None if mem_clock is _NA else mem_clock * MHZ,
             clock_event_reasons=self._reasons(dev),
+            violation_ns=self._violations(dev),
             pcie_link_gen_current=None if gen is _NA else int(gen),
             pcie_link_gen_max=gen_max,
             pcie_link_width_current=None if width is _NA else int(width),
@@ -816,6 +832,18 @@ class NvmlGpuSource:
         if mask is _NA:
             return None
         return frozenset(name for bit, name in self._reason_bits if mask & bit)
+
+    def _violations(self, dev: _Device) -> Mapping[str, int] | None:
+        """Throttled time per policy: `nvmlDeviceGetViolationStatus`, whose violationTime
+        nvml.h gives in nanoseconds, is the call DCGM's *_VIOLATION fields come from. A policy
+        answering NOT_SUPPORTED is remembered and left out; none supported gives None."""
+        n, h = self._nvml, dev.handle
+        out: dict[str, int] = {}
+        for name, policy in _VIOLATION_POLICIES.items():
+            status = self._call(dev, f"violation_{name}", n.nvmlDeviceGetViolationStatus, h, policy)
+            if status is not _NA:
+                out[name] = int(status.violationTime)
+        return out or None
 
     def _ecc(self, dev: _Device) -> EccCounts:
         n, h = self._nvml, dev.handle

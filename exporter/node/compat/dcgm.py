@@ -1,15 +1,22 @@
-"""`--compat dcgm`: NVIDIA dcgm-exporter's default counters, with its names, units and labels.
+"""`--compat dcgm`: NVIDIA dcgm-exporter's counters, with its names, units and labels.
 
-Labels follow dcgm-exporter: gpu, UUID, pci_bus_id, device (nvidiaN), modelName, Hostname,
-DCGM_FI_DRIVER_VERSION, and pod/namespace/container for GPUs a pod holds. Units follow DCGM
-(MHz, W, mJ, MiB, percent). Counters are typed untyped because the peer's names lack `_total`
-(PromQL treats both alike). `modelName` is camelCase, which promtool warns about; it is kept
-because dashboards filter on it.
+Labels follow dcgm-exporter: gpu ("0".."7"), UUID, pci_bus_id, device (nvidiaN), modelName,
+Hostname (capital H: the node name, which HyperPod's dashboards filter on), DCGM_FI_DRIVER_VERSION,
+and pod/namespace/container for GPUs a pod holds. Units follow DCGM (MHz, W, mJ, MiB, percent,
+ns). Counters are typed untyped because the peer's names lack `_total` (PromQL treats both
+alike). `modelName` is camelCase, which promtool warns about; it is kept because dashboards
+filter on it.
 
-Emitted: the uncommented fields of dcgm-exporter's default-counters.csv that NVML gives us.
+Emitted: the uncommented fields of dcgm-exporter's default-counters.csv that NVML gives us, and
+the commented-out rows that HyperPod's observability add-on turns on and queries (the violation
+times, the ECC totals by scope, retired pages, the NVLink error totals). A field NVML does not
+support on a GPU is left out for that GPU, never served as 0.
+
 Not emitted: DCGM_FI_DEV_ENC_UTIL/DEC_UTIL (video engines are not read), DCGM_FI_DEV_VGPU_
 LICENSE_STATUS (no vGPU on training nodes), DCGM_FI_PROF_GR_ENGINE_ACTIVE (GPM's SM-active is
-exported as DCGM_FI_PROF_SM_ACTIVE instead of being passed off as it).
+exported as DCGM_FI_PROF_SM_ACTIVE instead of being passed off as it), the DCGM_EXP_* fields
+(dcgm-exporter's own bookkeeping of DCGM's health and P2P APIs, which NVML has no equal of), and
+the NVLink DL error totals on Blackwell, where NVML 565+ no longer reports them.
 """
 
 from __future__ import annotations
@@ -46,6 +53,21 @@ def _fb_reserved(g: GpuReading) -> float | None:
 def _nvlink_total(g: GpuReading) -> int | None:
     values = [v for lk in g.nvlinks for v in (lk.tx_bytes, lk.rx_bytes) if v is not None]
     return sum(values) if values else None
+
+
+def _links_total(attr: str) -> Getter:
+    """One NVLink counter summed over the GPU's links, as DCGM's *_COUNT_TOTAL fields are;
+    None when no link reports it (Blackwell's DL counters), never a made-up 0."""
+
+    def total(g: GpuReading) -> int | None:
+        values = [v for lk in g.nvlinks if (v := getattr(lk, attr)) is not None]
+        return sum(values) if values else None
+
+    return total
+
+
+def _violation(policy: str) -> Getter:
+    return lambda g: None if g.violation_ns is None else g.violation_ns.get(policy)
 
 
 def _prof(key: str) -> Getter:
@@ -105,6 +127,108 @@ FIELDS: tuple[tuple[str, str, str, Getter], ...] = (
         lambda g: _mib(g.memory_used_bytes),
     ),
     ("DCGM_FI_DEV_FB_RESERVED", GAUGE, "Framebuffer memory reserved (in MiB).", _fb_reserved),
+    (
+        "DCGM_FI_DEV_POWER_VIOLATION",
+        UNTYPED,
+        "Throttling duration due to power constraints (in ns).",
+        _violation("power"),
+    ),
+    (
+        "DCGM_FI_DEV_THERMAL_VIOLATION",
+        UNTYPED,
+        "Throttling duration due to thermal constraints (in ns).",
+        _violation("thermal"),
+    ),
+    (
+        "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+        UNTYPED,
+        "Throttling duration due to sync-boost constraints (in ns).",
+        _violation("sync_boost"),
+    ),
+    (
+        "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+        UNTYPED,
+        "Throttling duration due to board limit constraints (in ns).",
+        _violation("board_limit"),
+    ),
+    (
+        "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+        UNTYPED,
+        "Throttling duration due to low utilization (in ns).",
+        _violation("low_utilization"),
+    ),
+    (
+        "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+        UNTYPED,
+        "Throttling duration due to reliability constraints (in ns).",
+        _violation("reliability"),
+    ),
+    (
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        UNTYPED,
+        "Total number of single-bit volatile ECC errors.",
+        lambda g: g.ecc.corrected_volatile,
+    ),
+    (
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        UNTYPED,
+        "Total number of double-bit volatile ECC errors.",
+        lambda g: g.ecc.uncorrected_volatile,
+    ),
+    (
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        UNTYPED,
+        "Total number of single-bit persistent ECC errors.",
+        lambda g: g.ecc.corrected_aggregate,
+    ),
+    (
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        UNTYPED,
+        "Total number of double-bit persistent ECC errors.",
+        lambda g: g.ecc.uncorrected_aggregate,
+    ),
+    (
+        "DCGM_FI_DEV_RETIRED_SBE",
+        UNTYPED,
+        "Total number of retired pages due to single-bit errors.",
+        lambda g: g.retired_pages.single_bit_ecc if g.retired_pages else None,
+    ),
+    (
+        "DCGM_FI_DEV_RETIRED_DBE",
+        UNTYPED,
+        "Total number of retired pages due to double-bit errors.",
+        lambda g: g.retired_pages.double_bit_ecc if g.retired_pages else None,
+    ),
+    (
+        "DCGM_FI_DEV_RETIRED_PENDING",
+        UNTYPED,
+        "Total number of pages pending retirement.",
+        lambda g: int(g.retired_pages.pending) if g.retired_pages else None,
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        UNTYPED,
+        "Total number of NVLink flow-control CRC errors.",
+        _links_total("crc_flit_errors"),
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        UNTYPED,
+        "Total number of NVLink data CRC errors.",
+        _links_total("crc_data_errors"),
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        UNTYPED,
+        "Total number of NVLink retries.",
+        _links_total("replay_errors"),
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        UNTYPED,
+        "Total number of NVLink recovery errors.",
+        _links_total("recovery_errors"),
+    ),
     (
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
         UNTYPED,

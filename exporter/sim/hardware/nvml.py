@@ -225,6 +225,7 @@ class SimulatedNvml:
         self._event_sets: dict[int, set[int]] = {}  # event set -> registered GPUs
         self._pending_xids: deque[tuple[int, int]] = deque()  # (gpu, xid)
         self._faults: dict[Fault, float] = {}  # active fault -> simulated time it began
+        self._thermal_banked: dict[int, float] = {}  # GPU -> throttled seconds of cleared faults
         for fault in faults:
             self.inject(fault)
 
@@ -250,6 +251,10 @@ class SimulatedNvml:
                 kept = [(g, x) for g, x in self._pending_xids if (g, x) != (fault.gpu, fault.xid)]
                 self._pending_xids = deque(kept)
                 return
+            began = self._faults.get(fault)
+            if fault.kind == "thermal" and fault.gpu is not None and began is not None:
+                banked = self._thermal_banked.get(fault.gpu, 0.0)
+                self._thermal_banked[fault.gpu] = banked + self._now() - began
             self._faults = {f: t for f, t in self._faults.items() if f != fault}
 
     def __getattr__(self, name: str) -> Any:
@@ -533,6 +538,25 @@ class SimulatedNvml:
         if counterType == pynvml.NVML_AGGREGATE_ECC:
             return aggregate
         raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetViolationStatus(self, device: Any, perfPolicyType: int) -> Any:
+        """Time clocks were held down by a policy, in ns since driver load (nvml.h's
+        nvmlViolationTime_t). Under `thermal` the GPU is throttled all the time, so the thermal
+        counter runs at 1 s/s; a fault cleared leaves what it added, as a counter does. The other
+        policies stay 0 on these busy, uncapped GPUs."""
+        gpu = self._device("nvmlDeviceGetViolationStatus", device)
+        if not 0 <= perfPolicyType < pynvml.NVML_PERF_POLICY_COUNT:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        now = self._now()
+        throttled = 0.0
+        if perfPolicyType == pynvml.NVML_PERF_POLICY_THERMAL:
+            throttled = self._thermal_banked.get(gpu.index, 0.0)
+            began = self._since("thermal", gpu.index)
+            if began is not None:
+                throttled += now - began
+        return pynvml.c_nvmlViolationTime_t(
+            referenceTime=int(time.time() * 1e6), violationTime=int(throttled * 1e9)
+        )
 
     def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:
         gpu = self._device("nvmlDeviceGetRemappedRows", device)
