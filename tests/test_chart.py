@@ -14,7 +14,11 @@ import importlib.util
 import json
 import re
 import shutil
+import socket
+import subprocess
+import time
 import tomllib
+import urllib.request
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -35,7 +39,11 @@ RELEASE, NAMESPACE = "topowatch", "monitoring"
 
 ACT_VALUES: dict[str, Any] = {
     "remediation": {"enabled": True, "mode": "act"},
-    "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+    "serviceMonitor": {
+        "enabled": True,
+        "additionalLabels": {"release": "kube-prometheus-stack"},
+        "staticLabels": {"cluster_id": "abc123def456", "cluster_name": "ml-cluster"},
+    },
     "prometheusRule": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
     "cluster": {"alertsToken": {"existingSecret": "topowatch-alerts", "key": "token"}},
     "nodeAgent": {"runtimeClassName": "nvidia", "compat": ["dcgm", "efa"]},
@@ -476,7 +484,8 @@ def agent_spec(manifests: tuple[Manifest, ...] | list[Manifest]) -> Manifest:
 
 
 def agent_pod(manifests: tuple[Manifest, ...] | list[Manifest]) -> Manifest:
-    return one(manifests, "DaemonSet", "topowatch-node-agent")["spec"]["template"]
+    template: Manifest = one(manifests, "DaemonSet", "topowatch-node-agent")["spec"]["template"]
+    return template
 
 
 def mounts_of(spec: Manifest) -> dict[str, Manifest]:
@@ -628,7 +637,8 @@ def test_the_schemas_health_config_keys_are_the_agents() -> None:
 
 
 def container_context(spec: Manifest) -> Manifest:
-    return spec["containers"][0]["securityContext"]
+    context: Manifest = spec["containers"][0]["securityContext"]
+    return context
 
 
 def test_by_default_the_kernel_log_comes_from_the_journal_without_privilege() -> None:
@@ -794,6 +804,26 @@ LABEL_SELECTOR = {
     "additionalProperties": False,
     "properties": {"matchLabels": STRING_MAP, "matchExpressions": {"type": "array"}},
 }
+LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+RELABEL_ACTIONS = [
+    *("replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod"),
+    *("labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep"),
+    *("lowercase", "Lowercase", "uppercase", "Uppercase"),
+    *("keepequal", "KeepEqual", "dropequal", "DropEqual"),
+]
+RELABEL_CONFIG = {  # monitoring.coreos.com/v1 RelabelConfig
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": LABEL_NAME}},
+        "separator": {"type": "string"},
+        "targetLabel": {"type": "string"},
+        "regex": {"type": "string"},
+        "modulus": {"type": "integer", "minimum": 0},
+        "replacement": {"type": "string"},
+        "action": {"enum": RELABEL_ACTIONS},
+    },
+}
 SERVICE_MONITOR_SCHEMA = {
     "type": "object",
     "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -831,8 +861,8 @@ SERVICE_MONITOR_SCHEMA = {
                             "scrapeTimeout": {"type": "string", "pattern": DURATION},
                             "honorLabels": {"type": "boolean"},
                             "honorTimestamps": {"type": "boolean"},
-                            "relabelings": {"type": "array", "items": {"type": "object"}},
-                            "metricRelabelings": {"type": "array", "items": {"type": "object"}},
+                            "relabelings": {"type": "array", "items": RELABEL_CONFIG},
+                            "metricRelabelings": {"type": "array", "items": RELABEL_CONFIG},
                         },
                     },
                 },
@@ -929,6 +959,10 @@ def test_the_structural_check_refuses_what_the_operator_would() -> None:
     monitor["spec"]["endpoints"][0]["interval"] = "30 seconds"
     with pytest.raises(jsonschema.ValidationError):
         check_prometheus_operator_object(monitor)
+    monitor = json.loads(json.dumps(objects(rendered("act"), "ServiceMonitor")[0]))
+    monitor["spec"]["endpoints"][0]["relabelings"][0]["target_label"] = "instance"  # snake_case
+    with pytest.raises(jsonschema.ValidationError):
+        check_prometheus_operator_object(monitor)
     bad_rule = yaml.safe_load(SAMPLE_RULES)
     del bad_rule["groups"][0]["rules"][0]["expr"]
     with pytest.raises(jsonschema.ValidationError):
@@ -948,7 +982,7 @@ def test_chart_prometheus_operator_objects_are_well_formed() -> None:
         m for m in manifests if m["apiVersion"].startswith("monitoring.coreos.com/")
     ]
     assert len(objects(manifests, "ServiceMonitor")) == 2
-    models = {
+    models: dict[str, type[operator_v1.ServiceMonitor] | type[operator_v1.PrometheusRule]] = {
         "ServiceMonitor": operator_v1.ServiceMonitor,
         "PrometheusRule": operator_v1.PrometheusRule,
     }
@@ -961,6 +995,255 @@ def test_chart_prometheus_operator_objects_are_well_formed() -> None:
         assert rule["spec"]["groups"] == yaml.safe_load(rules_copy.read_text())["groups"]
     else:
         assert not objects(manifests, "PrometheusRule")
+
+
+# --- HyperPod labels: cluster_id, cluster_name, instance = node name ------------------------
+
+HYPERPOD_LABELS = {"cluster_id": "abc123def456", "cluster_name": "ml-cluster"}
+NODE_NAME = "hyperpod-i-0123456789abcdef0"
+README_SECTION = "### Replacing dcgm-exporter and the EFA exporter on HyperPod"
+
+
+def endpoint_of(manifests: tuple[Manifest, ...] | list[Manifest], component: str) -> Manifest:
+    monitor = one(manifests, "ServiceMonitor", f"{RELEASE}-{component}")
+    endpoints: list[Manifest] = monitor["spec"]["endpoints"]
+    assert len(endpoints) == 1
+    return endpoints[0]
+
+
+def monitor_values(**service_monitor: Any) -> dict[str, Any]:
+    return {"serviceMonitor": {"enabled": True, **service_monitor}}
+
+
+def test_service_monitors_add_the_static_labels_and_set_instance_to_the_node_name() -> None:
+    labelled = render(CHART, monitor_values(staticLabels=HYPERPOD_LABELS))
+    static = [
+        {"targetLabel": name, "replacement": value, "action": "replace"}
+        for name, value in sorted(HYPERPOD_LABELS.items())
+    ]
+    by_node = {
+        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+        "targetLabel": "instance",
+        "action": "replace",
+    }
+    agent = endpoint_of(labelled, "node-agent")
+    assert agent["relabelings"] == [by_node, *static]
+    assert agent["honorLabels"] is True
+    assert endpoint_of(labelled, "cluster")["relabelings"] == static  # not per node
+
+    by_address = render(
+        CHART, monitor_values(staticLabels=HYPERPOD_LABELS, instanceLabel="address")
+    )
+    assert endpoint_of(by_address, "node-agent")["relabelings"] == static
+    assert "relabelings" not in endpoint_of(
+        render(CHART, monitor_values(instanceLabel="address")), "node-agent"
+    )
+    # the default is the node name, with no static labels asked for
+    assert endpoint_of(render(CHART, monitor_values()), "node-agent")["relabelings"] == [by_node]
+
+
+def test_static_label_values_that_look_like_yaml_stay_strings() -> None:
+    labels = {"cluster_id": "0123", "cluster_name": "true", "region": "us-east-1: a"}
+    manifests = render(CHART, monitor_values(staticLabels=labels))
+    relabelings = endpoint_of(manifests, "cluster")["relabelings"]
+    assert {r["targetLabel"]: r["replacement"] for r in relabelings} == labels
+    for manifest in objects(manifests, "ServiceMonitor"):
+        check_prometheus_operator_object(manifest)
+        operator_v1.ServiceMonitor.model_validate(manifest)
+
+
+@pytest.mark.parametrize(
+    "service_monitor",
+    [
+        {"staticLabels": {"__name__": "x"}},
+        {"staticLabels": {"__address__": "x"}},
+        {"staticLabels": {"9bad": "x"}},
+        {"staticLabels": {"cluster-id": "x"}},
+        {"staticLabels": {"cluster_id": 123}},
+        {"instanceLabel": "pod"},
+    ],
+)
+def test_schema_refuses_bad_static_labels_and_instance_modes(
+    service_monitor: dict[str, Any],
+) -> None:
+    chart = helm.Chart.load(CHART)
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"serviceMonitor": service_monitor})
+    chart.validate_schema(monitor_values(staticLabels={"_private": "x", **HYPERPOD_LABELS}))
+
+
+def readme_scrape_config() -> Manifest:
+    """The plain Prometheus scrape config in the README's HyperPod section."""
+    readme = (REPO / "README.md").read_text()
+    start = readme.index(f"\n{README_SECTION}\n")
+    end = re.compile(r"^#{2,3} ", re.M).search(readme, start + len(README_SECTION) + 2)
+    section = readme[start : end.start() if end else len(readme)]
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.S)]
+    [config] = [b for b in blocks if isinstance(b, dict) and "scrape_configs" in b]
+    result: Manifest = config
+    return result
+
+
+def as_prometheus_relabel_config(relabeling: Manifest) -> Manifest:
+    """A monitoring.coreos.com/v1 RelabelConfig as Prometheus' relabel_config spells it."""
+    names = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return {names.get(key, key): value for key, value in relabeling.items()}
+
+
+def service_monitor_job(job: str, endpoint: Manifest, meta: dict[str, str]) -> Manifest:
+    """A scrape job with the ServiceMonitor endpoint's relabelings and honorLabels."""
+    return {
+        "job_name": job,
+        "honor_labels": endpoint.get("honorLabels", False),
+        "metrics_path": endpoint["path"],
+        "scrape_interval": endpoint["interval"],
+        "scrape_timeout": endpoint["scrapeTimeout"],
+        "static_configs": [{"targets": ["127.0.0.1:9"], "labels": meta}],
+        "relabel_configs": [as_prometheus_relabel_config(r) for r in endpoint["relabelings"]],
+    }
+
+
+def pod_target(address: str, component: str, port_name: str) -> Manifest:
+    """What kubernetes_sd_configs role pod discovers for one container port of a chart pod."""
+    return {
+        "targets": [address],
+        "labels": {
+            "__meta_kubernetes_pod_label_app_kubernetes_io_name": "topowatch",
+            "__meta_kubernetes_pod_label_app_kubernetes_io_component": component,
+            "__meta_kubernetes_pod_container_port_name": port_name,
+            "__meta_kubernetes_pod_node_name": NODE_NAME,
+        },
+    }
+
+
+def with_static_pods(job: Manifest) -> Manifest:
+    """The job with kubernetes_sd_configs replaced by the targets it would discover.
+
+    Debian's Prometheus is built without the Kubernetes service discovery (promtool refuses
+    kubernetes_sd_configs as an unknown field); the relabeling is the same either way.
+    """
+    static = {k: v for k, v in job.items() if k != "kubernetes_sd_configs"}
+    static["static_configs"] = [
+        pod_target("127.0.0.1:9", "node-agent", "metrics"),
+        pod_target("127.0.0.1:10", "node-agent", "health"),
+        pod_target("127.0.0.1:11", "cluster", "metrics"),
+    ]
+    return static
+
+
+def promtool_check(tmp_path: Path, config: Manifest) -> Path:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed")
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    result = subprocess.run(
+        [promtool, "check", "config", str(path)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def relabelled_targets(tmp_path: Path, config: Manifest) -> dict[str, list[dict[str, str]]]:
+    """Each job's target labels after relabeling, as a real Prometheus server computes them."""
+    path = promtool_check(tmp_path, config)
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.skip("prometheus is not installed")
+    port = free_port()
+    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    with subprocess.Popen(
+        [
+            prometheus,
+            f"--config.file={path}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as server:
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                try:
+                    with urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/api/v1/targets", timeout=2
+                    ) as response:
+                        active = json.load(response)["data"]["activeTargets"]
+                except OSError:
+                    active = []
+                if {t["scrapePool"] for t in active} == jobs:
+                    found: dict[str, list[dict[str, str]]] = {job: [] for job in jobs}
+                    for target in active:
+                        found[target["scrapePool"]].append(target["labels"])
+                    return found
+                time.sleep(0.25)
+            pytest.fail("Prometheus did not discover every job's targets within 30 s")
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+def test_the_readme_scrape_config_keeps_the_agents_and_labels_them_for_hyperpod(
+    tmp_path: Path,
+) -> None:
+    [job] = readme_scrape_config()["scrape_configs"]
+    assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
+    assert job["honor_labels"] is True  # per-GPU pod/namespace/container stay the workload's
+    relabels = job["relabel_configs"]
+    assert {
+        "source_labels": ["__meta_kubernetes_pod_node_name"],
+        "target_label": "instance",
+        "action": "replace",
+    } in relabels
+    static = {r["target_label"]: r["replacement"] for r in relabels if "source_labels" not in r}
+    assert set(static) == {"cluster_id", "cluster_name"}
+
+    targets = relabelled_targets(tmp_path, {"scrape_configs": [with_static_pods(job)]})
+    # only the node agent's metrics port is scraped, named by its node and cluster
+    assert targets == {job["job_name"]: [{"instance": NODE_NAME, "job": job["job_name"], **static}]}
+
+
+def test_prometheus_applies_the_service_monitor_relabelings(tmp_path: Path) -> None:
+    by_node = render(CHART, monitor_values(staticLabels=HYPERPOD_LABELS))
+    by_address = render(
+        CHART, monitor_values(staticLabels=HYPERPOD_LABELS, instanceLabel="address")
+    )
+    meta = {"__meta_kubernetes_pod_node_name": NODE_NAME}
+    config = {
+        "scrape_configs": [
+            service_monitor_job("agent-by-node", endpoint_of(by_node, "node-agent"), meta),
+            service_monitor_job("agent-by-address", endpoint_of(by_address, "node-agent"), meta),
+            service_monitor_job("cluster", endpoint_of(by_node, "cluster"), meta),
+        ]
+    }
+    assert config["scrape_configs"][0]["honor_labels"] is True
+    targets = relabelled_targets(tmp_path, config)
+    assert targets == {
+        "agent-by-node": [{"instance": NODE_NAME, "job": "agent-by-node", **HYPERPOD_LABELS}],
+        "agent-by-address": [
+            {"instance": "127.0.0.1:9", "job": "agent-by-address", **HYPERPOD_LABELS}
+        ],
+        "cluster": [{"instance": "127.0.0.1:9", "job": "cluster", **HYPERPOD_LABELS}],
+    }
+
+
+def test_promtool_refuses_a_malformed_relabeling(tmp_path: Path) -> None:
+    """The promtool check above would catch a relabeling Prometheus cannot use."""
+    endpoint = endpoint_of(render(CHART, monitor_values(staticLabels=HYPERPOD_LABELS)), "cluster")
+    endpoint["relabelings"][0]["action"] = "rename"
+    job = service_monitor_job("cluster", endpoint, {})
+    with pytest.raises(AssertionError, match="rename"):
+        promtool_check(tmp_path, {"scrape_configs": [job]})
 
 
 # --- dashboards ------------------------------------------------------------------------------

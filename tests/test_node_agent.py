@@ -408,7 +408,8 @@ def test_compat_dcgm_names_are_dcgm_exporters_defaults(sim: Sim) -> None:
     h.poll()
     _, exposition = h.poll()
     found = series(exposition.text)
-    defaults, disabled = set(), set()
+    defaults: set[str] = set()
+    disabled: set[str] = set()
     with reference("nvidia/dcgm-exporter-default-counters.csv").open() as f:
         for row in csv.reader(f):
             if len(row) < 3 or row[1].strip() == "label":
