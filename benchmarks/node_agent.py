@@ -11,7 +11,10 @@
    the topowatch / node_exporter ratio.
 4. Steady state: the agent's CPU share of one core at a 5 s interval (scraped every 15 s, as a
    Prometheus would), and its RSS.
-5. Kernel log monitor: CPU to read and judge 1,000 kernel log lines a second (1 % of them
+5. Compat: `--compat dcgm,efa` (dcgm-exporter's and the EFA exporter's names beside ours):
+   render+encode time with and without, interleaved in one process, and the RSS of two
+   simulated agents, one with and one without, side by side.
+6. Kernel log monitor: CPU to read and judge 1,000 kernel log lines a second (1 % of them
    faults), from the simulated /dev/kmsg and, where this process may write and read it, the
    real one; a 10,000-line burst, every line read or counted as dropped by the kernel.
 """
@@ -38,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._procs import child, exit_on_sigterm  # noqa: E402
-from exporter.exposition import COUNTER, INFO, UNTYPED, encode_text  # noqa: E402
+from exporter.exposition import COUNTER, INFO, UNTYPED, Exposition, encode_text  # noqa: E402
 from exporter.node.poller import Poller  # noqa: E402
 from exporter.sim.hardware.node import SimulatedNode  # noqa: E402
 from exporter.sim.hardware.profiles import get_profile  # noqa: E402
@@ -148,6 +151,7 @@ def bench_poll(polls: int) -> None:
         f" {len(exposition.text) / 1024:.0f} KiB text"
     )
     bench_render(poller, snapshot)
+    bench_compat_render(poller, snapshot)
     sources.close()
     node.close()
 
@@ -339,7 +343,61 @@ def bench_render(poller: Poller, snapshot: object) -> None:
     )
 
 
-def start_agent(sim_root: Path, port: int) -> AbstractContextManager[subprocess.Popen[bytes]]:
+def bench_compat_render(poller: Poller, snapshot: object, rounds: int = 15) -> None:
+    """What one poll's rendering costs with and without the compat families: the families and
+    the text encoding, and the families and both encodings (text and OpenMetrics, what the
+    agent builds each poll). Alternated round by round so both see the same machine; the best
+    round of each (timeit's advice: slower rounds measure the machine's other work)."""
+    modes = (frozenset(), frozenset({"dcgm", "efa"}))
+    steps: dict[str, Callable[[], object]] = {
+        "render+encode text": lambda: encode_text(poller.families(snapshot)),  # type: ignore[arg-type]
+        "render+both encodings": lambda: Exposition.build(poller.families(snapshot)),  # type: ignore[arg-type]
+    }
+    for what, step in steps.items():
+        best: dict[frozenset[str], float] = {m: float("inf") for m in modes}
+        for _ in range(rounds):
+            for mode in modes:
+                poller.compat = mode
+                t0 = time.perf_counter()
+                for _ in range(10):
+                    step()
+                best[mode] = min(best[mode], (time.perf_counter() - t0) / 10)
+        poller.compat = frozenset()
+        base, more = best[modes[0]], best[modes[1]]
+        print(
+            f"compat, {what:22s} without {base * 1e3:5.2f} ms   with --compat dcgm,efa"
+            f" {more * 1e3:5.2f} ms   +{(more / base - 1) * 100:.1f} % (target <= 15 %)"
+        )
+    poller.compat = modes[1]
+    text = encode_text(poller.families(snapshot))  # type: ignore[arg-type]
+    poller.compat = frozenset()
+    compat_samples = text.count(b"\n") - 2 * text.count(b"# TYPE")
+    print(f"compat samples                {compat_samples} with the compat families")
+
+
+def bench_compat_rss(sim_root: Path) -> None:
+    """Two simulated agents, identical but for --compat dcgm,efa, each scraped as Prometheus
+    would for a few polls; their RSS side by side."""
+    rss = {}
+    for label, extra in (("without", []), ("with --compat dcgm,efa", ["--compat", "dcgm,efa"])):
+        port = free_port()
+        root = sim_root / f"compat-{len(rss)}"
+        with start_agent(root, port, extra) as agent:
+            wait_http(port, "/metrics")
+            for _ in range(3):  # three polls, each scraped: the compat families built and served
+                scrape_latencies(port, 10, 1)
+                time.sleep(5)
+            rss[label] = proc_rss_mib(agent.pid)
+    (without, base), (with_compat, more) = rss.items()
+    print(
+        f"RSS, compat                   {without} {base:.1f} MiB   {with_compat} {more:.1f} MiB"
+        f"   {more - base:+.1f} MiB (target <= 2 MiB)"
+    )
+
+
+def start_agent(
+    sim_root: Path, port: int, extra: list[str] | None = None
+) -> AbstractContextManager[subprocess.Popen[bytes]]:
     return child(
         [
             str(REPO / ".venv/bin/topowatch"),
@@ -354,6 +412,7 @@ def start_agent(sim_root: Path, port: int) -> AbstractContextManager[subprocess.
             f"127.0.0.1:{port}",
             "--interval",
             "5",
+            *(extra or []),
         ],
         stdout=subprocess.DEVNULL,
     )
@@ -413,6 +472,7 @@ def bench_scrapes(scrapes: int, clients: int, steady_seconds: float) -> None:
                     )
             steady(agent, agent_port, steady_seconds)
             bench_production_rss(sim_root)
+            bench_compat_rss(sim_root)
 
 
 def steady(agent: subprocess.Popen[bytes], port: int, seconds: float) -> None:

@@ -40,17 +40,24 @@ def label_string(labels: Sequence[tuple[str, str]]) -> str:
 
 
 def format_value(value: float) -> str:
+    """Shortest exact text: ints as they are, integral floats without ".0", NaN and infinities
+    as both formats spell them. The common types are tested first: this runs per sample."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is float:
+        if value.is_integer() and -1e15 < value < 1e15:
+            return str(int(value))
+        if value != value:
+            return "NaN"
+        if value in (math.inf, -math.inf):
+            return "+Inf" if value > 0 else "-Inf"
+        return repr(value)
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value.is_integer() and abs(value) < 1e15:
         return str(int(value))
-    return repr(value)
+    return format_value(float(value))
 
 
 @dataclass(slots=True)
@@ -62,6 +69,10 @@ class Family:
     kind: str
     help: str
     samples: list[tuple[str, str]] = field(default_factory=list)  # (label string, value text)
+    # Sample lines already encoded, "<sample name>{labels} <value>\n": both formats write a
+    # sample line alike, so a renderer building many samples of one family in a tight loop
+    # (the compat modes) formats each once instead of as a pair joined later, twice.
+    lines: list[str] = field(default_factory=list)
 
     def add(self, labels: Sequence[tuple[str, str]], value: float) -> None:
         self.samples.append((label_string(labels), format_value(value)))
@@ -100,12 +111,13 @@ def encode_text(families: Iterable[Family]) -> bytes:
     HELP/TYPE (as prometheus_client does); info is typed gauge there."""
     out: list[str] = []
     for fam in families:
-        if not fam.samples:
+        if not fam.samples and not fam.lines:
             continue
         name = fam.sample_name
         kind = GAUGE if fam.kind == INFO else fam.kind
         out.append(f"# HELP {name} {fam.help.translate(_HELP_ESCAPES)}\n# TYPE {name} {kind}\n")
         out.extend(f"{name}{labels} {value}\n" for labels, value in fam.samples)
+        out.extend(fam.lines)
     return "".join(out).encode()
 
 
@@ -113,13 +125,14 @@ def encode_openmetrics(families: Iterable[Family]) -> bytes:
     """OpenMetrics 1.0: family names without suffix in metadata, `# EOF` terminator."""
     out: list[str] = []
     for fam in families:
-        if not fam.samples:
+        if not fam.samples and not fam.lines:
             continue
         kind = "unknown" if fam.kind == UNTYPED else fam.kind
         help_text = fam.help.translate(_ESCAPES)
         out.append(f"# TYPE {fam.name} {kind}\n# HELP {fam.name} {help_text}\n")
         name = fam.sample_name
         out.extend(f"{name}{labels} {value}\n" for labels, value in fam.samples)
+        out.extend(fam.lines)
     out.append("# EOF\n")
     return "".join(out).encode()
 

@@ -12,8 +12,8 @@ import csv
 from collections.abc import Callable
 from dataclasses import replace
 
-from exporter.exposition import Exposition
-from exporter.node.compat import dcgm, efa
+from exporter.exposition import GAUGE, Exposition
+from exporter.node.compat import dcgm, efa, lines
 from exporter.sim.hardware.nvml import SimulatedNvml
 from exporter.sim.hardware.profiles import get_profile
 from exporter.snapshot import EccCounts, NodeSnapshot
@@ -204,3 +204,28 @@ def test_efa_info_lists_each_device_once_with_the_exporters_label(sim: Sim) -> N
     assert devices == sorted(e.name for e in h.node.profile.efa)
     assert len(devices) == 32
     assert all(set(lab) == {"device"} and v == 1 for lab, v in info)
+
+
+def test_the_line_writer_escapes_percent_signs_and_formats_as_the_encoder_does() -> None:
+    [fam] = lines.families([("m", GAUGE, "h")], ('{a="50%"}', '{a="x"}'), [[1, 2.0]])
+    assert "".join(fam.lines) == 'm{a="50%"} 1\nm{a="x"} 2\n'
+    [fam] = lines.families([("m", GAUGE, "h")], ('{a="%s"}', '{a="y"}'), [[None, 0.25]])
+    assert "".join(fam.lines) == 'm{a="y"} 0.25\n'
+
+
+def test_an_efa_counter_one_port_lacks_is_absent_for_that_port_only(sim: Sim) -> None:
+    """An older driver on one device (fewer hw_counters): its ports go without the counters
+    it lacks; every other port keeps them, under the same families."""
+    h = sim("p5.48xlarge", compat=frozenset({"efa"}))
+    snapshot, _ = h.poll()
+    first = snapshot.efa[0]
+    older = {k: v for k, v in first.ports[0].counters.items() if not k.startswith("rdma_write")}
+    devices = (
+        replace(first, ports=(replace(first.ports[0], counters=older), *first.ports[1:])),
+        *snapshot.efa[1:],
+    )
+    found = series(render_text(replace(snapshot, efa=devices)))
+    writes = {lab["device"] for lab, _ in found["node_amazonefa_rdma_write_bytes"]}
+    assert first.device not in writes
+    assert len(writes) == 31
+    assert one(found, "node_amazonefa_tx_bytes", device=first.device, port="1") == older["tx_bytes"]

@@ -775,4 +775,4 @@ def _render_kernel_log(fams: _Families, s: NodeSnapshot) -> None:
 
 def render_sorted_names(families: Sequence[Family]) -> list[str]:
     """Names of the families that carry samples (for docs and tests)."""
-    return sorted(f.sample_name for f in families if f.samples)
+    return sorted(f.sample_name for f in families if f.samples or f.lines)

@@ -22,48 +22,91 @@ the NVLink DL error totals on Blackwell, where NVML 565+ no longer reports them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
+from operator import attrgetter
 
 from exporter.exposition import GAUGE, UNTYPED, Family, escape_label_value
+from exporter.node.compat import lines
 from exporter.node.render import NO_POD, profiling_ratio
-from exporter.snapshot import GpuReading, NodeSnapshot
+from exporter.snapshot import GpuReading, NodeSnapshot, PodRef
 
 MIB = 1024 * 1024
 
 Getter = Callable[[GpuReading], float | int | None]
 
 
-def _mib(v: int | None) -> float | None:
-    return None if v is None else v / MIB
+# DCGM reports clocks, temperatures, utilizations and framebuffer sizes as integers (int64
+# fields); so does this mode, which also keeps their formatting to a C-level str().
 
 
-def _pct(v: float | None) -> float | None:
-    return None if v is None else round(v * 100, 3)
+def _mib(v: int | None) -> int | None:
+    return None if v is None else v // MIB
 
 
-def _mhz(v: float | None) -> float | None:
-    return None if v is None else v / 1e6
+def _pct(v: float | None) -> int | None:
+    return None if v is None else round(v * 100)
 
 
-def _fb_reserved(g: GpuReading) -> float | None:
+def _mhz(v: float | None) -> int | None:
+    return None if v is None else round(v / 1e6)
+
+
+def _int(v: float | None) -> int | None:
+    return None if v is None else round(v)
+
+
+def _fb_reserved(g: GpuReading) -> int | None:
     if g.memory_total_bytes is None or g.memory_used_bytes is None or g.memory_free_bytes is None:
         return None
-    return max(g.memory_total_bytes - g.memory_used_bytes - g.memory_free_bytes, 0) / MIB
+    return max(g.memory_total_bytes - g.memory_used_bytes - g.memory_free_bytes, 0) // MIB
 
 
-def _nvlink_total(g: GpuReading) -> int | None:
-    values = [v for lk in g.nvlinks for v in (lk.tx_bytes, lk.rx_bytes) if v is not None]
-    return sum(values) if values else None
+# NVLink counters DCGM reports summed over a GPU's links: (name, help, link attributes summed).
+LINK_TOTALS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "Total number of NVLink flow-control CRC errors.",
+        ("crc_flit_errors",),
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "Total number of NVLink data CRC errors.",
+        ("crc_data_errors",),
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "Total number of NVLink retries.",
+        ("replay_errors",),
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        "Total number of NVLink recovery errors.",
+        ("recovery_errors",),
+    ),
+    (
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "Total number of NVLink bandwidth counters for all lanes.",
+        ("tx_bytes", "rx_bytes"),
+    ),
+)
+_LINK_ATTRS = tuple(dict.fromkeys(a for *_, attrs in LINK_TOTALS for a in attrs))
+_link_row = attrgetter(*_LINK_ATTRS)
 
 
-def _links_total(attr: str) -> Getter:
-    """One NVLink counter summed over the GPU's links, as DCGM's *_COUNT_TOTAL fields are;
-    None when no link reports it (Blackwell's DL counters), never a made-up 0."""
-
-    def total(g: GpuReading) -> int | None:
-        values = [v for lk in g.nvlinks if (v := getattr(lk, attr)) is not None]
-        return sum(values) if values else None
-
-    return total
+def link_totals(g: GpuReading) -> list[int | None]:
+    """Each LINK_TOTALS entry summed over the GPU's links in one pass; None where no link
+    reports it (Blackwell's DL counters), never a made-up 0."""
+    sums: dict[str, int] = {}
+    rows = list(map(_link_row, g.nvlinks))
+    for attr, column in zip(_LINK_ATTRS, zip(*rows, strict=True), strict=False):
+        if None not in column:
+            sums[attr] = sum(column)
+        elif present := [v for v in column if v is not None]:
+            sums[attr] = sum(present)
+    return [
+        sum(sums[a] for a in attrs if a in sums) if any(a in sums for a in attrs) else None
+        for *_, attrs in LINK_TOTALS
+    ]
 
 
 def _violation(policy: str) -> Getter:
@@ -86,9 +129,14 @@ FIELDS: tuple[tuple[str, str, str, Getter], ...] = (
         "DCGM_FI_DEV_MEMORY_TEMP",
         GAUGE,
         "Memory temperature (in C).",
-        lambda g: g.temperature_memory_celsius,
+        lambda g: _int(g.temperature_memory_celsius),
     ),
-    ("DCGM_FI_DEV_GPU_TEMP", GAUGE, "GPU temperature (in C).", lambda g: g.temperature_gpu_celsius),
+    (
+        "DCGM_FI_DEV_GPU_TEMP",
+        GAUGE,
+        "GPU temperature (in C).",
+        lambda g: _int(g.temperature_gpu_celsius),
+    ),
     ("DCGM_FI_DEV_POWER_USAGE", GAUGE, "Power draw (in W).", lambda g: g.power_watts),
     (
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
@@ -206,36 +254,6 @@ FIELDS: tuple[tuple[str, str, str, Getter], ...] = (
         lambda g: int(g.retired_pages.pending) if g.retired_pages else None,
     ),
     (
-        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-        UNTYPED,
-        "Total number of NVLink flow-control CRC errors.",
-        _links_total("crc_flit_errors"),
-    ),
-    (
-        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-        UNTYPED,
-        "Total number of NVLink data CRC errors.",
-        _links_total("crc_data_errors"),
-    ),
-    (
-        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-        UNTYPED,
-        "Total number of NVLink retries.",
-        _links_total("replay_errors"),
-    ),
-    (
-        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-        UNTYPED,
-        "Total number of NVLink recovery errors.",
-        _links_total("recovery_errors"),
-    ),
-    (
-        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-        UNTYPED,
-        "Total number of NVLink bandwidth counters for all lanes.",
-        _nvlink_total,
-    ),
-    (
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         UNTYPED,
         "Number of remapped rows for uncorrectable errors",
@@ -291,14 +309,22 @@ PCIE_RATE_FIELDS = (
 
 def dcgm_labels(snapshot: NodeSnapshot, g: GpuReading) -> str:
     pod = snapshot.pods.get(g.uuid, NO_POD)
+    driver = snapshot.gpu.driver_version or ""
+    return _labels(g.index, g.uuid, g.pci_bus_id, g.model, snapshot.node, driver, pod)
+
+
+@lru_cache(maxsize=256)  # a node's GPUs x the pods they serve over time: the same few strings
+def _labels(
+    index: int, uuid: str, pci_bus_id: str, model: str, node: str, driver: str, pod: PodRef
+) -> str:
     pairs = [
-        ("gpu", str(g.index)),
-        ("UUID", g.uuid),
-        ("pci_bus_id", g.pci_bus_id),
-        ("device", f"nvidia{g.index}"),
-        ("modelName", g.model),
-        ("Hostname", snapshot.node),
-        ("DCGM_FI_DRIVER_VERSION", snapshot.gpu.driver_version or ""),
+        ("gpu", str(index)),
+        ("UUID", uuid),
+        ("pci_bus_id", pci_bus_id),
+        ("device", f"nvidia{index}"),
+        ("modelName", model),
+        ("Hostname", node),
+        ("DCGM_FI_DRIVER_VERSION", driver),
     ]
     if pod.pod:
         pairs += [("container", pod.container), ("namespace", pod.namespace), ("pod", pod.pod)]
@@ -306,27 +332,43 @@ def dcgm_labels(snapshot: NodeSnapshot, g: GpuReading) -> str:
 
 
 def render(snapshot: NodeSnapshot, previous: NodeSnapshot | None) -> list[Family]:
-    """`previous` turns PCIe byte counters into the rates dcgm-exporter reports."""
-    fams = [Family(name, kind, help_text) for name, kind, help_text, _ in FIELDS]
-    xid = Family("DCGM_FI_DEV_XID_ERRORS", GAUGE, "Value of the last XID error encountered.")
-    rates = [Family(name, GAUGE, help_text) for name, help_text, _ in PCIE_RATE_FIELDS]
+    """`previous` turns PCIe byte counters into the rates dcgm-exporter reports. The table of
+    fields x GPUs is written in one pass (exporter/node/compat/lines.py)."""
+    gpus = [g for g in snapshot.gpu.gpus if g.up]
+    if not gpus:
+        return []
+    labels = tuple(dcgm_labels(snapshot, g) for g in gpus)
+    rows = [[get(g) for get in _GETTERS] for g in gpus]
+    totals = [link_totals(g) for g in gpus]
     last_xid = {lx.uuid: lx.xid for lx in snapshot.xid.last}
     before = {g.uuid: g for g in previous.gpu.gpus} if previous else {}
     elapsed = snapshot.taken_at - previous.taken_at if previous else 0.0
-    for g in snapshot.gpu.gpus:
-        if not g.up:
-            continue
-        labels = dcgm_labels(snapshot, g)
-        for fam, (_, _, _, get) in zip(fams, FIELDS, strict=True):
-            v = get(g)
-            if v is not None:
-                fam.add_rendered(labels, v)
-        xid.add_rendered(labels, last_xid.get(g.uuid, 0))
-        prev = before.get(g.uuid)
-        if prev is None or elapsed <= 0:
-            continue
-        for fam, (_, _, attr) in zip(rates, PCIE_RATE_FIELDS, strict=True):
-            now_v, then_v = getattr(g, attr), getattr(prev, attr)
-            if now_v is not None and then_v is not None and now_v >= then_v:
-                fam.add_rendered(labels, round((now_v - then_v) / elapsed, 3))
-    return [*fams, xid, *rates]
+    columns: list[list[float | int | None]] = [
+        *map(list, zip(*rows, strict=True)),
+        *map(list, zip(*totals, strict=True)),
+        [last_xid.get(g.uuid, 0) for g in gpus],
+        *(
+            [_rate(g, before.get(g.uuid), attr, elapsed) for g in gpus]
+            for _, _, attr in PCIE_RATE_FIELDS
+        ),
+    ]
+    return lines.families(_SPECS, labels, columns)
+
+
+_GETTERS = tuple(get for *_, get in FIELDS)
+_SPECS = (
+    *((name, kind, help_text) for name, kind, help_text, _ in FIELDS),
+    *((name, UNTYPED, help_text) for name, help_text, _ in LINK_TOTALS),
+    ("DCGM_FI_DEV_XID_ERRORS", GAUGE, "Value of the last XID error encountered."),
+    *((name, GAUGE, help_text) for name, help_text, _ in PCIE_RATE_FIELDS),
+)
+
+
+def _rate(g: GpuReading, prev: GpuReading | None, attr: str, elapsed: float) -> float | None:
+    if prev is None or elapsed <= 0:
+        return None
+    now_v: int | None = getattr(g, attr)
+    then_v: int | None = getattr(prev, attr)
+    if now_v is None or then_v is None or now_v < then_v:
+        return None
+    return round((now_v - then_v) / elapsed, 3)
