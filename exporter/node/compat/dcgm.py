@@ -313,7 +313,7 @@ def dcgm_labels(snapshot: NodeSnapshot, g: GpuReading) -> str:
     return _labels(g.index, g.uuid, g.pci_bus_id, g.model, snapshot.node, driver, pod)
 
 
-@lru_cache(maxsize=256)  # a node's GPUs x the pods they serve over time: the same few strings
+@lru_cache(maxsize=64)  # a node's GPUs x the pods they serve over time: the same few strings
 def _labels(
     index: int, uuid: str, pci_bus_id: str, model: str, node: str, driver: str, pod: PodRef
 ) -> str:

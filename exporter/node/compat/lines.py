@@ -41,6 +41,6 @@ def families(
     return out
 
 
-@lru_cache(maxsize=256)  # per family and shape of the node's table (its GPUs, its EFA ports)
+@lru_cache(maxsize=128)  # per family and shape of the node's table (its GPUs, its EFA ports)
 def _template(name: str, series: tuple[str, ...]) -> str:
     return "".join(f"{name}{s}".replace("%", "%%") + " %s\n" for s in series)
