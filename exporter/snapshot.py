@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 # Profiling (GPM) activity keys, each a ratio in [0, 1]; the dcgm-exporter DCGM_FI_PROF_* peers.
 PROFILING_KEYS = (
+    "gr_engine_active",
     "sm_active",
     "sm_occupancy",
     "tensor_active",

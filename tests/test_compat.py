@@ -229,3 +229,18 @@ def test_an_efa_counter_one_port_lacks_is_absent_for_that_port_only(sim: Sim) ->
     assert first.device not in writes
     assert len(writes) == 31
     assert one(found, "node_amazonefa_tx_bytes", device=first.device, port="1") == older["tx_bytes"]
+
+
+def test_graphics_engine_activity_is_gpms_graphics_utilization_as_a_ratio(sim: Sim) -> None:
+    """DCGM_FI_PROF_GR_ENGINE_ACTIVE (time a graphics or compute context was busy; the newer
+    add-on's MIG row plots it as GPU utilization) is GPM's GRAPHICS_UTIL, a ratio in [0, 1]."""
+    h = sim("p5.48xlarge", compat=BOTH)
+    h.poll()
+    _, exposition = h.poll()
+    found = series(exposition.text)
+    for gpu in ("0", "7"):
+        dcgm_value = one(found, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", gpu=gpu)
+        assert 0.0 < dcgm_value <= 1.0
+        assert dcgm_value == one(found, "topowatch_gpu_graphics_engine_active_ratio", gpu=gpu)
+        # the SM-active ratio is read apart: a busy context need not keep every SM busy
+        assert one(found, "DCGM_FI_PROF_SM_ACTIVE", gpu=gpu) <= dcgm_value

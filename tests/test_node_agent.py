@@ -424,7 +424,6 @@ def test_compat_dcgm_names_are_dcgm_exporters_defaults(sim: Sim) -> None:
         "DCGM_FI_DEV_ENC_UTIL",
         "DCGM_FI_DEV_DEC_UTIL",
         "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
     }, "documented omissions in exporter/node/compat/dcgm.py"
     labels = found["DCGM_FI_DEV_GPU_TEMP"][0][0]
     assert set(labels) >= {

@@ -165,6 +165,13 @@ GPU_FIELDS: tuple[Field, ...] = (
         lambda g: len(g.processes) if g.processes is not None else None,
     ),
     Field(
+        "topowatch_gpu_graphics_engine_active_ratio",
+        GAUGE,
+        "Fraction of time a graphics or compute context was busy on the GPU"
+        " (GPM; DCGM_FI_PROF_GR_ENGINE_ACTIVE).",
+        lambda g: profiling_ratio(g, "gr_engine_active"),
+    ),
+    Field(
         "topowatch_gpu_sm_active_ratio",
         GAUGE,
         "Fraction of cycles an SM had a warp resident (GPM; DCGM_FI_PROF_SM_ACTIVE).",

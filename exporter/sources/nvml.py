@@ -104,6 +104,7 @@ assert tuple(_REASON_SUFFIXES) == CLOCK_EVENT_REASONS
 
 # PROFILING_KEYS name -> the GPM metric (a percentage) it is read from.
 _GPM_METRICS = {
+    "gr_engine_active": "NVML_GPM_METRIC_GRAPHICS_UTIL",
     "sm_active": "NVML_GPM_METRIC_SM_UTIL",
     "sm_occupancy": "NVML_GPM_METRIC_SM_OCCUPANCY",
     "tensor_active": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",

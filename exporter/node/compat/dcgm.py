@@ -12,9 +12,11 @@ the commented-out rows that HyperPod's observability add-on turns on and queries
 times, the ECC totals by scope, retired pages, the NVLink error totals). A field NVML does not
 support on a GPU is left out for that GPU, never served as 0.
 
+DCGM_FI_PROF_GR_ENGINE_ACTIVE is GPM's graphics utilization (NVML_GPM_METRIC_GRAPHICS_UTIL:
+time a graphics or compute context was busy), the quantity DCGM's field measures.
+
 Not emitted: DCGM_FI_DEV_ENC_UTIL/DEC_UTIL (video engines are not read), DCGM_FI_DEV_VGPU_
-LICENSE_STATUS (no vGPU on training nodes), DCGM_FI_PROF_GR_ENGINE_ACTIVE (GPM's SM-active is
-exported as DCGM_FI_PROF_SM_ACTIVE instead of being passed off as it), the DCGM_EXP_* fields
+LICENSE_STATUS (no vGPU on training nodes), the DCGM_EXP_* fields
 (dcgm-exporter's own bookkeeping of DCGM's health and P2P APIs, which NVML has no equal of), and
 the NVLink DL error totals on Blackwell, where NVML 565+ no longer reports them.
 """
@@ -270,6 +272,12 @@ FIELDS: tuple[tuple[str, str, str, Getter], ...] = (
         GAUGE,
         "Whether remapping of rows has failed",
         lambda g: int(g.remapped_rows.failure) if g.remapped_rows else None,
+    ),
+    (
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        GAUGE,
+        "Ratio of time the graphics engine is active.",
+        _prof("gr_engine_active"),
     ),
     (
         "DCGM_FI_PROF_SM_ACTIVE",

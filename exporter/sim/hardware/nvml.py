@@ -103,6 +103,7 @@ _PlainFieldValue: Any = type(
 
 # GPM metric id -> share of the GPU's activity it reports (percent of its maximum).
 _GPM_SHARES = {
+    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 1.0,
     pynvml.NVML_GPM_METRIC_SM_UTIL: 0.97,
     pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: 0.42,
     pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 0.68,
