@@ -112,6 +112,7 @@ EXPECTED_ALERTS = {
     ("GPUXidError", "0"): "firing",
 }
 OUT_OF_SCOPE_ALERTS = {
+    "MIGConfigFailure": "kubelet",  # the GPU operator's MIG manager's label on kubelet_node_name
     "NodeDiskSpaceWarning": "node_exporter",
     "FsxLustreStorageWarning": "FSx for Lustre exporter",
 }
