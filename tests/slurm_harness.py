@@ -9,7 +9,6 @@ from __future__ import annotations
 import getpass
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from exporter.topology.hostlist import compress
+from tests.conftest import free_port
 
 START_TIMEOUT_S = 10.0
 
@@ -28,12 +28,6 @@ def binary(name: str) -> str:
     if path is None:
         pytest.fail(f"{name} missing: run scripts/bootstrap.sh (Debian slurmctld slurm-client)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def slurm_conf(tmp: Path, nodes: list[str], topology: bool) -> str:

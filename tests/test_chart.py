@@ -14,7 +14,6 @@ import importlib.util
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import tomllib
@@ -31,6 +30,8 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 from cloudcoil.models.prometheus_operator import v1 as operator_v1
+
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "topowatch"
@@ -1142,13 +1143,6 @@ def promtool_check(tmp_path: Path, config: Manifest) -> Path:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def relabelled_targets(tmp_path: Path, config: Manifest) -> dict[str, list[dict[str, str]]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -25,7 +24,7 @@ from exporter.cluster.service import ClusterService
 from exporter.sim.cluster import ClusterShape, SimulatedCluster
 from exporter.sim.kubeapi.server import Exchange, FakeApiServer, ObjectStore
 from healthcheck.controller import RemediationController
-from tests.conftest import promtool_lint
+from tests.conftest import free_port, promtool_lint
 from tests.test_informers import newest_rv_served, served_410
 
 L3 = "topology.k8s.aws/network-node-layer-3"
@@ -242,12 +241,6 @@ def test_api_rejects_bad_queries_clearly(service: RunningService) -> None:
     code, topo = service.get("/api/v1/topology")
     assert code == 200
     assert {f["level"] for f in topo["fragmentation"]} >= {"network-node-layer-3", "node"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_api_server_down_at_start_then_up(caplog: pytest.LogCaptureFixture) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ import pytest
 from exporter.cluster import informers as informers_module
 from exporter.cluster.informers import WATCHED, InformerSet, InformerStatus, Watched
 from exporter.sim.kubeapi.server import Exchange, FakeApiServer, ObjectStore
+from tests.conftest import free_port
 from tests.test_sim_apiserver import pod, workload_v1beta2
 
 PLURALS = {w.kind: w.plural for w in WATCHED}
@@ -127,13 +127,6 @@ def newest_rv_served(exchanges: list[Exchange]) -> str:
         elif e.verb == "WATCH":
             rv = next((v for t, v in reversed(e.events) if t != "ERROR"), rv)
     return rv
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture

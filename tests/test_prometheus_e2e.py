@@ -28,7 +28,7 @@ import pytest
 from exporter.node.agent import NodeAgent
 from exporter.node.serving import MetricsServer
 from exporter.sim.demo_prometheus import start_prometheus
-from tests.conftest import ServedCluster
+from tests.conftest import ServedCluster, free_port
 from tests.expositions import PROFILES, SPREAD_JOB, FaultyNode, simulated_world
 from tests.test_dashboards import DEFAULTS, load, panel_queries, substitute
 
@@ -41,13 +41,6 @@ EXPECTED_EMPTY = {
         "the controller runs in observe mode here: it decides and audits, nothing is acted on"
     ),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class ServedNode:

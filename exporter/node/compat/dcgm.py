@@ -340,8 +340,8 @@ def _labels(
 
 
 def render(snapshot: NodeSnapshot, previous: NodeSnapshot | None) -> list[Family]:
-    """`previous` turns PCIe byte counters into the rates dcgm-exporter reports. The table of
-    fields x GPUs is written in one pass (exporter/node/compat/lines.py)."""
+    """`previous` turns PCIe byte counters into the rates dcgm-exporter reports. The values are
+    gathered as a table of fields x GPUs and written a field at a time (compat/lines.py)."""
     gpus = [g for g in snapshot.gpu.gpus if g.up]
     if not gpus:
         return []

@@ -1,4 +1,4 @@
-"""Compat families written in one formatting pass over a table of values.
+"""Compat families written from a table of values, a family per formatting pass.
 
 A compat mode repeats ~1,000 readings under a peer's names: per sample, Python work (a call,
 an f-string, an append) would cost about as much as everything else the agent renders. Here a
