@@ -159,12 +159,15 @@ def test_a_field_a_gpu_does_not_report_is_left_out_for_that_gpu_never_zero(sim: 
     ]  # fmt: skip
     gpus[5] = replace(gpus[5], violation_ns=None, ecc=EccCounts(), nvlinks=tuple(bare))
     gpus[6] = replace(gpus[6], violation_ns={"power": 7})  # only one policy supported
+    gpus[4] = replace(gpus[4], nvlinks=())  # a PCIe card: no NVLink at all
     found = series(render_text(replace(snapshot, gpu=replace(snapshot.gpu, gpus=tuple(gpus)))))
     gone = [*VIOLATIONS, *NVLINK_TOTALS, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]
     for name in gone:
         gpus_served = {lab["gpu"] for lab, _ in found[name]}
         assert "5" not in gpus_served, name
-        assert "4" in gpus_served, name
+        assert "3" in gpus_served, name
+    for name in NVLINK_TOTALS:
+        assert "4" not in {lab["gpu"] for lab, _ in found[name]}, name
     assert one(found, "DCGM_FI_DEV_POWER_VIOLATION", gpu="6") == 7
     assert "6" not in {lab["gpu"] for lab, _ in found["DCGM_FI_DEV_THERMAL_VIOLATION"]}
     assert one(found, "DCGM_FI_DEV_GPU_TEMP", gpu="5") > 0
