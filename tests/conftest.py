@@ -22,6 +22,7 @@ from exporter.node.poller import Poller
 from exporter.sim.faults import parse_faults
 from exporter.sim.hardware.node import SimulatedNode
 from exporter.sim.hardware.profiles import get_profile
+from exporter.snapshot import NodeSnapshot
 
 # The shared reference data sits beside the checkout (../shared), in CI as in development.
 REFERENCE = Path(
@@ -75,6 +76,18 @@ class SimHarness:
     def close(self) -> None:
         self.sources.close()
         self.node.close()
+
+
+def healthy_snapshot(profile: str, tmp: Path) -> NodeSnapshot:
+    """A healthy node's second poll (the first primes rates and GPM): a snapshot for a test
+    to bend into the case it judges."""
+    h = SimHarness(profile, (), tmp, frozenset())
+    try:
+        h.poll()
+        snapshot: NodeSnapshot = h.poll()[0]
+        return snapshot
+    finally:
+        h.close()
 
 
 @pytest.fixture

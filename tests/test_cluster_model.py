@@ -25,6 +25,31 @@ def kueue(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def topology_pending_workload(namespace: str) -> dict[str, Any]:
+    """ "waiting": 2 pods x 8 GPUs required in one layer-3 domain, pending with the message
+    Kueue's TAS gives when no domain fits them (QuotaReserved=False, reason Pending)."""
+    return kueue(
+        s.workload(
+            namespace,
+            "waiting",
+            2,
+            8,
+            T0,
+            topology=("required", L3),
+            conditions=[
+                s.condition(
+                    "QuotaReserved",
+                    "False",
+                    "Pending",
+                    'couldn\'t assign flavors to pod set main: topology "hyperpod-default" '
+                    "doesn't allow to fit any of 2 pod(s)",
+                    T0,
+                )
+            ],
+        )
+    )
+
+
 def two_domain_cluster(model: ClusterModel) -> None:
     """Two layer-3 domains under one layer-2: nn-a holds n1,n2; nn-b holds n3,n4 (8 GPUs each)."""
     for name, l3 in (("n1", "nn-a"), ("n2", "nn-a"), ("n3", "nn-b"), ("n4", "nn-b")):
@@ -375,27 +400,7 @@ def test_pending_cause_names_the_largest_free_domain_when_topology_blocks() -> N
     model.apply("ClusterQueue", "ADDED", kueue(s.cluster_queue(CQ_A, 64, used=16)), T0)
     run(model, NS_A, "a", [("n1", 1)], cq=CQ_A)
     run(model, NS_A, "b", [("n3", 1)], cq=CQ_A)
-    waiting = kueue(
-        s.workload(
-            NS_A,
-            "waiting",
-            2,
-            8,
-            T0,
-            topology=("required", L3),
-            conditions=[
-                s.condition(
-                    "QuotaReserved",
-                    "False",
-                    "Pending",
-                    'couldn\'t assign flavors to pod set main: topology "hyperpod-default" '
-                    "doesn't allow to fit any of 2 pod(s)",
-                    T0,
-                )
-            ],
-        )
-    )
-    model.apply("Workload", "ADDED", waiting, T0)
+    model.apply("Workload", "ADDED", topology_pending_workload(NS_A), T0)
     cause = model.pending_cause(model.workload_state(NS_A, "waiting").workload)
     assert cause is not None and cause.cause == "topology"
     assert cause.topology_message == (

@@ -17,7 +17,7 @@ from healthcheck.checks import History, run_checks
 from healthcheck.checks.fabric import failure
 from healthcheck.config import ConfigError, config_from_mapping
 from healthcheck.monitor import HealthMonitor, HealthReport
-from tests.conftest import SimHarness
+from tests.conftest import SimHarness, healthy_snapshot
 from tests.test_health_checks import with_gpu
 
 Sim = Callable[..., SimHarness]
@@ -102,13 +102,7 @@ ROWS = [
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> NodeSnapshot:
     """A healthy GB200 snapshot to bend into each case."""
-    h = SimHarness("p6e-gb200.36xlarge", (), tmp_path_factory.mktemp("gb200"), frozenset())
-    try:
-        h.poll()
-        snapshot: NodeSnapshot = h.poll()[0]
-        return snapshot
-    finally:
-        h.close()
+    return healthy_snapshot("p6e-gb200.36xlarge", tmp_path_factory.mktemp("gb200"))
 
 
 def judged(

@@ -41,7 +41,7 @@ from healthcheck.findings import (
     findings_to_json,
 )
 from healthcheck.monitor import HealthMonitor, HealthReport
-from tests.conftest import SimHarness
+from tests.conftest import SimHarness, healthy_snapshot
 
 Sim = Callable[..., SimHarness]
 T0 = 1_750_000_000.0
@@ -145,13 +145,7 @@ def test_non_fatal_fault_waits_for_k_of_n_polls(sim: Sim) -> None:
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> NodeSnapshot:
     """A healthy p5 snapshot to bend into each case."""
-    h = SimHarness("p5.48xlarge", (), tmp_path_factory.mktemp("base"), frozenset())
-    try:
-        h.poll()
-        snapshot, _ = h.poll()
-        return snapshot
-    finally:
-        h.close()
+    return healthy_snapshot("p5.48xlarge", tmp_path_factory.mktemp("base"))
 
 
 def with_gpu(snapshot: NodeSnapshot, index: int, **changes: object) -> NodeSnapshot:

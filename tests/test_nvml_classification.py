@@ -47,7 +47,7 @@ from healthcheck.checks import History, run_checks
 from healthcheck.checks.xid_memory import XidMemory, remember
 from healthcheck.config import ConfigError, HealthConfig, XidConfig, config_from_mapping
 from healthcheck.monitor import HealthMonitor, HealthReport
-from tests.conftest import SimHarness, promtool_lint
+from tests.conftest import SimHarness, healthy_snapshot, promtool_lint
 from tests.test_cli import topowatch
 from tests.test_node_agent import one, series
 
@@ -199,13 +199,7 @@ def test_deployment_faults_injected_at_run_time_bite_at_the_next_init() -> None:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> NodeSnapshot:
-    h = SimHarness("p5.48xlarge", (), tmp_path_factory.mktemp("base"), frozenset())
-    try:
-        h.poll()
-        snapshot: NodeSnapshot = h.poll()[0]
-        return snapshot
-    finally:
-        h.close()
+    return healthy_snapshot("p5.48xlarge", tmp_path_factory.mktemp("base"))
 
 
 def failure(name: str, kind: str) -> NvmlFailure:

@@ -46,6 +46,7 @@ from exporter.sources.ec2_events import (
 from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY, HEALTH_STATUS_KEY
 from exporter.topology.tree import TopologyTree
 from tests.crds import assert_valid_kueue
+from tests.test_cluster_model import topology_pending_workload
 
 T0 = 1_795_000_000.0
 L3 = "topology.k8s.aws/network-node-layer-3"
@@ -246,27 +247,7 @@ def pending_pair(model: ClusterModel) -> Any:
     """A queue with room for 48 GPUs; a job asking for 2 pods of 8 in one layer-3 domain."""
     model.apply("ClusterQueue", "ADDED", kueue(s.cluster_queue(CQ, 64, used=16)), T0)
     model.apply("LocalQueue", "ADDED", kueue(s.local_queue(NS, CQ)), T0)
-    waiting = kueue(
-        s.workload(
-            NS,
-            "waiting",
-            2,
-            8,
-            T0,
-            topology=("required", L3),
-            conditions=[
-                s.condition(
-                    "QuotaReserved",
-                    "False",
-                    "Pending",
-                    'couldn\'t assign flavors to pod set main: topology "hyperpod-default" '
-                    "doesn't allow to fit any of 2 pod(s)",
-                    T0,
-                )
-            ],
-        )
-    )
-    model.apply("Workload", "ADDED", waiting, T0)
+    model.apply("Workload", "ADDED", topology_pending_workload(NS), T0)
     state = model.workload_state(NS, "waiting")
     assert state is not None
     return state
