@@ -54,16 +54,16 @@ def test_unknown_profile_and_compat_mode_are_clear_errors() -> None:
     assert proc.returncode == 2 and b"unknown compat mode" in proc.stderr
 
 
-def test_no_gpu_no_simulation_still_exports_with_the_reason(tmp_path: Path) -> None:
-    proc = topowatch(
-        "node",
-        "--once",
-        "--no-kubernetes",
-        "--sysfs-root",
-        str(tmp_path),
-        "--proc-root",
-        str(tmp_path),
+def node_without_hardware(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[bytes]:
+    """One poll of the real agent with no GPU, no Kubernetes and an empty sysfs/proc tree."""
+    root = str(tmp_path)
+    return topowatch(
+        "node", "--once", "--no-kubernetes", "--sysfs-root", root, "--proc-root", root, *extra
     )
+
+
+def test_no_gpu_no_simulation_still_exports_with_the_reason(tmp_path: Path) -> None:
+    proc = node_without_hardware(tmp_path)
     assert proc.returncode == 0, proc.stderr.decode()
     assert b'topowatch_nvml_up{node="cli-node"} 0' in proc.stdout
     assert b'reason="nvml_unavailable"' in proc.stdout
@@ -76,14 +76,8 @@ def test_a_kernel_log_asked_for_and_unreadable_is_a_failing_collector_not_a_dead
 ) -> None:
     """`--kernel-log journal` with no journal to read (the chart's journal mounts without the
     systemd-journal group, say): the agent serves, and says why in its metrics and log."""
-    proc = topowatch(
-        "node",
-        "--once",
-        "--no-kubernetes",
-        "--sysfs-root",
-        str(tmp_path),
-        "--proc-root",
-        str(tmp_path),
+    proc = node_without_hardware(
+        tmp_path,
         "--kernel-log",
         "journal",
         "--journal-dir",
