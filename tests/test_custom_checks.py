@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.cli import custom_check_runner
 from exporter.snapshot import CUSTOM_OK, CUSTOM_PROBLEM, CUSTOM_UNKNOWN, CustomCheckReading
@@ -31,6 +30,7 @@ from healthcheck.config import ConfigError, HealthConfig, config_from_mapping
 from healthcheck.findings import Finding
 from healthcheck.monitor import HealthMonitor
 from tests.conftest import SimHarness, promtool_lint
+from tests.test_node_agent import series
 
 Sim = Callable[..., SimHarness]
 HUGE = 100 * 1024 * 1024
@@ -360,14 +360,6 @@ def test_unknown_is_a_warning_without_action(sim: Sim) -> None:
 
 
 # --- through the node agent's poller on the simulation --------------------------------------
-
-
-def series(text: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for fam in text_string_to_metric_families(text.decode()):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append((dict(s.labels), s.value))
-    return out
 
 
 def value(text: bytes, name: str, **labels: str) -> float | None:

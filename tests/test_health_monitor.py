@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.node.poller import Poller
 from exporter.snapshot import NodeSnapshot
@@ -18,6 +17,7 @@ from healthcheck.damping import Damper
 from healthcheck.findings import Finding
 from healthcheck.monitor import HealthMonitor, HealthReport
 from tests.conftest import SimHarness, promtool_lint
+from tests.test_node_agent import series
 
 Sim = Callable[..., SimHarness]
 T0 = 1_750_000_000.0
@@ -68,14 +68,6 @@ def test_damper_forgets_quiet_keys() -> None:
     damper = Damper(HealthConfig())
     run(damper, "xx.....")
     assert damper.held("pcie_degraded", "gpu1") == 0 and not damper._windows
-
-
-def series(text: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for fam in text_string_to_metric_families(text.decode()):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append((dict(s.labels), s.value))
-    return out
 
 
 def health_poller(h: SimHarness, monitor: HealthMonitor) -> Poller:
