@@ -46,14 +46,14 @@ def load() -> dict[str, dict[str, Any]]:
     }
 
 
-def substitute(expr: str, values: Mapping[str, str]) -> str:
+def substitute(expr: str, values: Mapping[str, str], builtins: Mapping[str, str] = BUILTINS) -> str:
     """Grafana's interpolation for the variables a dashboard defines (and its built-ins);
     anything else, like a regex back-reference "$1" in label_replace, is left alone."""
 
     def one(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
-        if name in BUILTINS:
-            return BUILTINS[name]
+        if name in builtins:
+            return builtins[name]
         return values.get(name, match.group(0))
 
     return _VARIABLE.sub(one, expr)

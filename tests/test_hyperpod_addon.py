@@ -44,6 +44,7 @@ from exporter.sim.hardware.node import SimulatedNode
 from exporter.sim.hardware.profiles import get_profile
 from exporter.snapshot import PodRef
 from tests.test_chart import readme_scrape_config
+from tests.test_dashboards import substitute
 from tests.test_prometheus_e2e import Prometheus
 
 pytestmark = pytest.mark.real_component
@@ -123,17 +124,9 @@ def load_dashboards() -> dict[str, dict[str, Any]]:
     return dashboards
 
 
-_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
-
-
 def interpolate(text: str, values: Mapping[str, str]) -> str:
-    """Grafana's variable syntaxes ($v, ${v}, ${v:fmt}, [[v]]); unknown names are left alone."""
-
-    def one(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(2) or match.group(3)
-        return BUILTINS.get(name, values.get(name, match.group(0)))
-
-    return _VARIABLE.sub(one, text)
+    """Grafana's interpolation, with this Prometheus' scrape interval in the built-ins."""
+    return substitute(text, values, BUILTINS)
 
 
 def metric_names(expr: str) -> set[str]:
@@ -294,7 +287,7 @@ class Grafana:
     def __init__(self, prometheus: Prometheus) -> None:
         self.prometheus = prometheus
 
-    def _get(self, path: str, params: list[tuple[str, str]]) -> Any:
+    def api(self, path: str, params: list[tuple[str, str]]) -> Any:
         url = f"http://127.0.0.1:{self.prometheus.port}{path}?{urllib.parse.urlencode(params)}"
         with urllib.request.urlopen(url, timeout=10) as response:
             body = json.load(response)
@@ -307,9 +300,9 @@ class Grafana:
         assert match, query
         selector, label = match.groups()
         if selector is None:
-            values: list[str] = self._get(f"/api/v1/label/{label}/values", [])
+            values: list[str] = self.api(f"/api/v1/label/{label}/values", [])
             return sorted(values)
-        series = self._get("/api/v1/series", [("match[]", selector)])
+        series = self.api("/api/v1/series", [("match[]", selector)])
         return sorted({s[label] for s in series if s.get(label)})
 
     def variables(self, dashboard: Mapping[str, Any], chosen: Mapping[str, str]) -> dict[str, str]:
@@ -343,9 +336,9 @@ class Grafana:
         expr = interpolate(target["expr"], values)
         now = time.time()
         if target.get("instant"):
-            result = self._get("/api/v1/query", [("query", expr), ("time", f"{now:.3f}")])
+            result = self.api("/api/v1/query", [("query", expr), ("time", f"{now:.3f}")])
             return bool(result["result"])
-        result = self._get(
+        result = self.api(
             "/api/v1/query_range",
             [
                 ("query", expr),
@@ -472,12 +465,12 @@ def test_each_gpu_alert_of_the_addon_fires_for_its_fault_and_nowhere_else(
         OUT_OF_SCOPE_ALERTS
     )
     # Prometheus loaded every rule and evaluates each without error
-    loaded = [r for g in grafana._get("/api/v1/rules", [])["groups"] for r in g["rules"]]
+    loaded = [r for g in grafana.api("/api/v1/rules", [])["groups"] for r in g["rules"]]
     assert {r["name"] for r in loaded} == set(exprs)
     assert all(r["health"] == "ok" for r in loaded), [r for r in loaded if r["health"] != "ok"]
 
     def states() -> dict[tuple[str, str, str], str]:
-        alerts = grafana._get("/api/v1/alerts", [])["alerts"]
+        alerts = grafana.api("/api/v1/alerts", [])["alerts"]
         return {
             (a["labels"]["alertname"], a["labels"].get("Hostname", ""), a["labels"]["gpu"]): a[
                 "state"
@@ -494,7 +487,7 @@ def test_each_gpu_alert_of_the_addon_fires_for_its_fault_and_nowhere_else(
         got = states()
     assert got == want
     # each alert names the GPU of its node by the labels the add-on's descriptions use
-    alerts = grafana._get("/api/v1/alerts", [])["alerts"]
+    alerts = grafana.api("/api/v1/alerts", [])["alerts"]
     xid = next(a for a in alerts if a["labels"]["alertname"] == "GPUXidError")
     assert xid["labels"]["Hostname"] == FAULTY
     assert xid["labels"]["instance"] == FAULTY
