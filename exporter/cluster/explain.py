@@ -24,6 +24,7 @@ _LOAD_ORDER = (
     "ClusterQueue",
     "LocalQueue",
     "Node",
+    "HyperPodPyTorchJob",
     "Workload",
     "Pod",
     "Event",
@@ -103,6 +104,10 @@ def explain_text(view: Mapping[str, Any]) -> str:
     if caused:
         lines.append(f"Preempted {len(caused)} other workload(s):")
         lines.extend(f"  {_preemption_line(r, victim_side=False)}" for r in caused)
+    elastic = view.get("elastic")
+    if elastic:
+        lines.append(f"Part of {elastic['kind']} {elastic['name']}: {elastic['summary']}")
+        lines.extend(f"  {line}" for line in _elastic_lines(elastic, preemptions=False))
     lines.extend(_placement_lines(view))
     efa = view.get("efa_remote_errors")
     if efa:
@@ -204,6 +209,63 @@ def _placement_lines(view: Mapping[str, Any]) -> list[str]:
         f"  {p['name']} on {p['node'] or '-'} ({p['gpus']} GPUs, {p['phase']})" for p in pods
     )
     return lines
+
+
+def job_text(job: Mapping[str, Any]) -> str:
+    """`topowatch explain NS/JOB` for an elastic job: size, Workloads, scale events, preemptions."""
+    queue = job.get("cluster_queue") or "?"
+    lines = [f"{job['namespace']}/{job['name']} ({job['kind']}, {queue}): {job['summary']}"]
+    lines.extend(_elastic_lines(job, preemptions=True))
+    return "\n".join(lines) + "\n"
+
+
+def _elastic_lines(job: Mapping[str, Any], preemptions: bool) -> list[str]:
+    lines = []
+    policy = job.get("policy") or {}
+    if policy.get("consecutive_scaling_failures"):
+        lines.append(f"Consecutive scaling failures: {policy['consecutive_scaling_failures']}")
+    workloads = job.get("workloads") or []
+    if workloads:
+        lines.append(f"Workloads ({len(workloads)}):")
+        for w in workloads:
+            notes = [f"{w['replicas']} replicas", w["status"]]
+            if w.get("replaces"):
+                notes.append(f"replaces {w['replaces']}")
+            if w.get("preempted"):
+                notes.append("preempted")
+            lines.append(f"  {w['name']}: {', '.join(notes)}")
+    events = job.get("scale_events") or []
+    if events:
+        lines.append(f"Scale events ({len(events)}):")
+        lines.extend(f"  {_scale_line(e)}" for e in events)
+    sizes = job.get("sizes") or []
+    if sizes:
+        shown = sizes[-12:]
+        more = f"... {len(sizes) - len(shown)} earlier, " if len(sizes) > len(shown) else ""
+        lines.append(
+            "Size history (running replicas): "
+            + more
+            + ", ".join(f"{s['running']} at {s['time']}" for s in shown)
+        )
+    records = job.get("preemptions") or []
+    if preemptions and records:
+        lines.append(f"Preempted {len(records)} time(s):")
+        lines.extend(f"  {_preemption_line(r, victim_side=True)}" for r in records)
+    return lines
+
+
+def _scale_line(event: Mapping[str, Any]) -> str:
+    start = "?" if event["from_replicas"] is None else event["from_replicas"]
+    end = "?" if event["to_replicas"] is None else event["to_replicas"]
+    head = f"{event['time']} {event['direction']} {start} -> {end} ({event['cause']})"
+    took = ", ".join(f"{p} +{s:.0f}s" for p, s in (event.get("seconds_to") or {}).items())
+    if took:
+        head += f": {took}"
+    if event.get("failed"):
+        head += f"; FAILED before {event['failed_phase']}: {event['failed']}"
+    elif not event.get("done"):
+        head += "; in progress"
+    return f"{head} [{event['workload']}]"
 
 
 def preemptions_text(records: Iterable[Mapping[str, Any]]) -> str:

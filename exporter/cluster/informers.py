@@ -34,9 +34,12 @@ import kubernetes.client
 import urllib3
 from urllib3.exceptions import HTTPError, ProtocolError, ReadTimeoutError
 
+from exporter.cluster.parse import hyperpod
+
 log = logging.getLogger(__name__)
 
 KUEUE_GROUP = "kueue.x-k8s.io"
+HYPERPOD_GROUP = hyperpod.GROUP
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 MAX_EVENT_BYTES = 64 * 1024 * 1024  # one watch event; a line without end must not eat memory
 _CONNECT_TIMEOUT_S = 10.0
@@ -61,6 +64,9 @@ class Watched:
     plural: str
     namespaced: bool
     versions: tuple[str, ...]  # preference order, e.g. ("v1beta2", "v1beta1"); ("v1",) for core
+    # A kind whose CRD may not be installed (HyperPod's training operator): while it is not
+    # served the informer counts as synced and reports itself absent, and keeps looking.
+    optional: bool = False
 
 
 WATCHED: tuple[Watched, ...] = (
@@ -74,6 +80,7 @@ WATCHED: tuple[Watched, ...] = (
     Watched("ResourceFlavor", KUEUE_GROUP, "resourceflavors", False, KUEUE_VERSIONS),
     Watched("Topology", KUEUE_GROUP, "topologies", False, KUEUE_VERSIONS),
     Watched("WorkloadPriorityClass", KUEUE_GROUP, "workloadpriorityclasses", False, KUEUE_VERSIONS),
+    Watched("HyperPodPyTorchJob", HYPERPOD_GROUP, "hyperpodpytorchjobs", True, ("v1",), True),
 )
 
 
@@ -88,6 +95,7 @@ class InformerStatus:
     watch_restarts: int  # watches opened again after one ended, cleanly or not
     events: int  # ADDED/MODIFIED/DELETED delivered
     errors: dict[str, int] = field(default_factory=dict)  # bounded reason -> count
+    absent: bool = False  # an optional kind the server does not serve (yet)
 
 
 class _Failure(Exception):
@@ -141,6 +149,8 @@ class InformerSet:
         ]
         self._started = False
         self.kinds: tuple[str, ...] = tuple(w.kind for w in watched)
+        # The kinds whose first list the model must wait for: an optional kind may never list.
+        self.required_kinds: tuple[str, ...] = tuple(w.kind for w in watched if not w.optional)
 
     def start(self) -> InformerSet:
         """Start every informer; never raises because the server is down."""
@@ -257,6 +267,7 @@ class _Informer:
                 s.watch_restarts,
                 s.events,
                 dict(s.errors),
+                s.absent,
             )
 
     # ---- the loop ----
@@ -271,6 +282,7 @@ class _Informer:
                     version = self._discover()
                     with self._lock:
                         self._status.version = version
+                        self._status.absent = False
                 if need_list:
                     self._list()
                     need_list = False
@@ -298,6 +310,10 @@ class _Informer:
                 if self._stop.is_set():
                     break
                 self._count(failure.reason)
+                if failure.reason == "not_served" and self.watched.optional:
+                    with self._lock:
+                        self._status.absent = True
+                    self.synced.set()  # nothing to wait for; found once it is installed
                 self._note(failure.reason, failure.message)
                 need_list = need_list or failure.relist or failure.rediscover
                 if failure.rediscover:

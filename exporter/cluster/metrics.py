@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from exporter.cluster import efa_remotes
 from exporter.cluster.capacity.quota import Answer, QuotaTree
+from exporter.cluster.elastic import families as elastic_families
 from exporter.cluster.model import ClusterModel
-from exporter.cluster.objects import GPU_RESOURCE, ClusterQueue
+from exporter.cluster.objects import GPU_RESOURCE, ClusterQueue, team_of
 from exporter.exposition import (
     COUNTER,
     GAUGE,
@@ -28,17 +29,6 @@ DOMAIN_STATES = ("allocatable", "used", "free", "unschedulable", "unavailable")
 # Exclusions that leave a node's GPUs unavailable (deep health check, EC2 scheduled event)
 # rather than unschedulable: `placement.ExclusionCause`.
 _UNAVAILABLE = frozenset({"deep-health-check", "scheduled-event"})
-HYPERPOD_QUEUE_PREFIX = "hyperpod-ns-"
-HYPERPOD_QUEUE_SUFFIX = "-clusterqueue"
-
-
-def team_of(cluster_queue: str) -> str:
-    """HyperPod names a team's queue hyperpod-ns-<team>-clusterqueue; other queues are teams."""
-    if cluster_queue.startswith(HYPERPOD_QUEUE_PREFIX) and cluster_queue.endswith(
-        HYPERPOD_QUEUE_SUFFIX
-    ):
-        return cluster_queue[len(HYPERPOD_QUEUE_PREFIX) : -len(HYPERPOD_QUEUE_SUFFIX)]
-    return cluster_queue
 
 
 def render(model: ClusterModel, workload_cap: int = 2000, now: float | None = None) -> list[Family]:
@@ -50,6 +40,7 @@ def render(model: ClusterModel, workload_cap: int = 2000, now: float | None = No
         *_preemption_families(model),
         *_queue_families(model),
         *_model_families(model),
+        *elastic_families.render(model, now, workload_cap),
     ]
 
 

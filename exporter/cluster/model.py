@@ -28,6 +28,9 @@ from exporter.cluster.capacity.placement import (
     screen_nodes,
 )
 from exporter.cluster.capacity.quota import Answer, QuotaTree
+from exporter.cluster.elastic import idle
+from exporter.cluster.elastic.idle import IdleAccountant
+from exporter.cluster.elastic.scaling import ElasticBook, JobState
 from exporter.cluster.ledger import (
     SAME_PREEMPTION_WINDOW_S,
     PreemptionLedger,
@@ -46,8 +49,10 @@ from exporter.cluster.objects import (
     PriorityClass,
     ResourceFlavor,
     Workload,
+    team_of,
 )
 from exporter.cluster.parse.core import parse_event, parse_node, parse_pod
+from exporter.cluster.parse.hyperpod import parse_hyperpod_job
 from exporter.cluster.parse.kueue import (
     parse_cluster_queue,
     parse_cohort,
@@ -81,6 +86,7 @@ KINDS = (
     "ResourceFlavor",
     "Topology",
     "WorkloadPriorityClass",
+    "HyperPodPyTorchJob",
 )
 
 # A preemption seen later than this after it happened (a restart, a long disconnect) gets no
@@ -197,6 +203,12 @@ class ClusterModel:
         self.missing_kinds: frozenset[str] = frozenset()
         self._unjudged: set[int] = set()
         self._replaying_history = False
+        # Elastic jobs (HyperPod's and Kueue's) and their scale events; idle and absorbed
+        # GPU-seconds, told of every change to a node's idle GPUs, a pending demand or an
+        # elastic job's size (exporter.cluster.elastic).
+        self.elastic = ElasticBook()
+        self.idle = IdleAccountant()
+        self._node_flavor: dict[str, str] = {}
         self._handlers: dict[str, Callable[[str, Mapping[str, Any], float], None]] = {
             "Node": self._apply_node,
             "Pod": self._apply_pod,
@@ -208,6 +220,7 @@ class ClusterModel:
             "ResourceFlavor": self._apply_flavor,
             "Topology": self._apply_topology,
             "WorkloadPriorityClass": self._apply_priority_class,
+            "HyperPodPyTorchJob": self._apply_hyperpod_job,
         }
 
     # --- ingestion ------------------------------------------------------------------------
@@ -257,6 +270,7 @@ class ClusterModel:
         self.events_applied[kind] += 1
         if self._awaiting_since:
             self._flush_awaiting(now)
+        self.elastic.tick(now)
         try:
             handler(event_type, obj, now)
         except Exception as exc:  # a parser or analysis bug must not stop the informers
@@ -284,6 +298,8 @@ class ClusterModel:
         finally:
             self._replaying_history = False
         self._listed.add(kind)
+        if kind == "HyperPodPyTorchJob":
+            self.elastic.owners_listed()
         if self.caught_up(now) and self._unjudged:  # caught_up first: it notes when
             self._judge_deferred(now)
 
@@ -296,6 +312,8 @@ class ClusterModel:
                 self.tree.remove_node(name)
                 self._labels_epoch += 1
                 self._nodes_epoch += 1
+                self.idle.remove_node(name, now)
+                self._node_flavor.pop(name, None)
             return
         notes: list[str] = []
         node = parse_node(obj, notes)
@@ -309,9 +327,9 @@ class ClusterModel:
         note = self._event_note(node.instance_id, now)
         if note:
             node = replace(node, scheduled_event=note)
-        self._put_node(name, node)
+        self._put_node(name, node, now)
 
-    def _put_node(self, name: str, node: Node) -> None:
+    def _put_node(self, name: str, node: Node, now: float) -> None:
         old = self.nodes.get(name)
         self.nodes[name] = node
         # The agent's EFA findings (rewritten every few minutes) move no placement answer.
@@ -335,6 +353,9 @@ class ClusterModel:
                 node.schedulable,
                 available=not node.unavailable,
             )
+        if old is None or old.labels != node.labels:
+            self._node_flavor[name] = idle.flavor_of(node, self.flavors.values())
+        self._idle_node(name, now)
 
     # --- EC2 scheduled events ----------------------------------------------------------------
 
@@ -356,7 +377,7 @@ class ClusterModel:
             note = self._event_note(node.instance_id, now)
             marked += bool(note)
             if note != node.scheduled_event:
-                self._put_node(name, replace(node, scheduled_event=note))
+                self._put_node(name, replace(node, scheduled_event=note), now)
         return marked
 
     def _event_note(self, instance_id: str, now: float) -> str:
@@ -382,16 +403,23 @@ class ClusterModel:
         if old is not None:
             if old.holds_gpus:
                 self.tree.add_used(old.node, -old.gpus)
+                self._idle_node(old.node, now)
             self._ungroup(old)
         if event_type == "DELETED":
             if old is not None and old.holds_gpus:
                 self._remember_release(old, now)
+            if old is not None:
+                self._elastic_pods(old.owner_uid, now)
             return
         pod = parse_pod(obj)
         self.pods[key] = pod
         if pod.holds_gpus:
             self.tree.add_used(pod.node, pod.gpus)
+            self._idle_node(pod.node, now)
         self._group(pod)
+        self._elastic_pods(pod.owner_uid, now)
+        if old is not None and old.owner_uid != pod.owner_uid:
+            self._elastic_pods(old.owner_uid, now)
 
     def _apply_workload(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         key = (_namespace(obj), _name(obj))
@@ -399,6 +427,8 @@ class ClusterModel:
             state = self.workloads.pop(key, None)
             if state is not None:
                 self._unindex_workload(state.workload)
+                self.idle.remove_demand(key, now)
+                self._elastic_workload(state.workload, None, now)
             self.reservations.forget(key, now)
             return
         workload = parse_workload(obj)
@@ -419,6 +449,8 @@ class ClusterModel:
         self._observe_admission(state)
         self._record_preemption_from_status(old, workload, now)
         self._settle_awaiting(workload, now)
+        self._idle_demand(workload, now)
+        self._elastic_workload(old, workload, now)
 
     def _apply_event(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         if event_type == "DELETED":
@@ -477,6 +509,9 @@ class ClusterModel:
         else:
             flavor = parse_resource_flavor(obj)
             self.flavors[flavor.name] = flavor
+        for name, node in self.nodes.items():  # rare: which flavor selects a node may change
+            self._node_flavor[name] = idle.flavor_of(node, self.flavors.values())
+            self._idle_node(name, now)
 
     def _apply_topology(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         if event_type == "DELETED":
@@ -491,6 +526,100 @@ class ClusterModel:
         else:
             pc = parse_priority_class(obj)
             self.priority_classes[pc.name] = pc
+
+    def _apply_hyperpod_job(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        key = (_namespace(obj), _name(obj))
+        if event_type == "DELETED":
+            self.elastic.on_hyperpod_job(key, None, now, live=False)
+            job_key = (key[0], "HyperPodPyTorchJob", key[1])
+            self.idle.set_absorbed(job_key, "", "", 0, now)
+            self.idle.remove_demand(("elastic", *job_key), now)
+            return
+        notes: list[str] = []
+        spec = parse_hyperpod_job(obj, notes)
+        for note in notes:
+            self._problem("HyperPodPyTorchJob", "malformed", f"{key[0]}/{key[1]}: {note}")
+        if spec.problems:
+            self._problem(
+                "HyperPodPyTorchJob", "unknown", f"{key[0]}/{key[1]}: {'; '.join(spec.problems)}"
+            )
+        job = self.elastic.on_hyperpod_job(key, spec, now, self.observed_live(now))
+        if job is not None:
+            self._elastic_accounting(job, now)
+
+    # --- elastic jobs and idle GPUs -------------------------------------------------------
+
+    def _idle_node(self, name: str, now: float) -> None:
+        node = self.nodes.get(name)
+        if node is None:
+            return
+        place_of = self.tree.placement(name)
+        domain = place_of.layers[-1] if place_of is not None and place_of.layers else ""
+        free = node.allocatable_gpus - self.tree.node_used(name)
+        flavor = self._node_flavor.get(name, "")
+        self.idle.set_node(name, flavor, domain, idle.node_state(node), free, now)
+
+    def _idle_demand(self, workload: Workload, now: float) -> None:
+        """A pending Workload is demand for its flavor, by the cause Kueue gave; an admitted,
+        finished or inactive one is none."""
+        cause = idle.demand_cause(workload) if is_pending(workload) else None
+        if cause is None:
+            self.idle.remove_demand(workload.key, now)
+            return
+        cq = self.cluster_queues.get(self.cluster_queue_of(workload))
+        flavors = [q.flavor for q in cq.gpu_quotas] if cq is not None else []
+        flavor = idle.demand_flavor(workload, flavors)
+        self.idle.set_demand(workload.key, flavor, cause, workload.gpus_requested, now)
+
+    def _elastic_workload(self, old: Workload | None, new: Workload | None, now: float) -> None:
+        current = new if new is not None else old
+        if current is None:
+            return
+        time = now
+        if new is not None and old is None and new.created is not None:
+            time = new.created
+        flavor = ""
+        for placement in current.placements:
+            for resource, name in placement.flavors:
+                if resource == GPU_RESOURCE:
+                    flavor = name
+        job = self.elastic.on_workload(
+            old, new, self.cluster_queue_of(current), flavor, now, self.observed_live(time)
+        )
+        if job is not None:
+            self._elastic_accounting(job, now)
+
+    def _elastic_pods(self, owner_uid: str, now: float) -> None:
+        job = self.elastic.by_uid(owner_uid) if owner_uid else None
+        if job is None:
+            return
+        bound = ready = 0
+        ready_at = 0.0
+        for key in self._pods_by_group.get(owner_uid, ()):
+            pod = self.pods.get(key)
+            if pod is None or not pod.holds_gpus or pod.gated:
+                continue
+            bound += 1
+            if pod.ready_since is not None:
+                ready += 1
+                ready_at = max(ready_at, pod.ready_since)
+        if (bound, ready) != (job.bound, job.ready):
+            self.elastic.on_pods(job, bound, ready, ready_at, now)
+            self._elastic_accounting(job, now)
+
+    def _elastic_accounting(self, job: JobState, now: float) -> None:
+        """The job's GPUs above its minimum (absorbed), and the room to its maximum, which is
+        claimable demand while it has no scale-up Workload waiting (the operator will ask)."""
+        team = team_of(job.cluster_queue)
+        gpus = job.gpus_per_replica
+        self.idle.set_absorbed(job.key, job.flavor, team, job.absorbed_replicas * gpus, now)
+        high = job.max_replicas
+        waiting = any(is_pending(w) for w in job.workloads.values())
+        room = 0 if high is None or job.unknown or waiting else max(0, high - job.admitted)
+        if room and job.workloads:
+            self.idle.set_demand(("elastic", *job.key), job.flavor, "claimable", room * gpus, now)
+        else:
+            self.idle.remove_demand(("elastic", *job.key), now)
 
     # --- workloads: indexes, timeline, admissions -----------------------------------------
 

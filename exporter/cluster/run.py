@@ -24,16 +24,18 @@ from typing import TYPE_CHECKING, Any
 import kubernetes
 import yaml
 
+from exporter.cluster.elastic.views import explained_workload, find_job, job_view
 from exporter.cluster.explain import (
     DumpError,
     explain_text,
+    job_text,
     load_dump_objects,
     model_from_objects,
     preemptions_text,
 )
 from exporter.cluster.informers import InformerSet
 from exporter.cluster.service import ClusterService, build_app, run_app
-from exporter.cluster.views import preemptions_view, workload_view
+from exporter.cluster.views import preemptions_view
 from exporter.sources.ec2_events import Ec2EventsError, Ec2EventsSource
 
 if TYPE_CHECKING:
@@ -280,6 +282,10 @@ class ExplainError(Exception):
     pass
 
 
+class NotFound(ExplainError):
+    """The service answered 404: the name may be another kind's (a job, not a Workload)."""
+
+
 def explain_offline(dump: Path, target: str | None, all_preemptions: bool, as_json: bool) -> str:
     try:
         objects = load_dump_objects(dump.read_text())
@@ -293,10 +299,14 @@ def explain_offline(dump: Path, target: str | None, all_preemptions: bool, as_js
         return _dumps(records) if as_json else preemptions_text(records)
     namespace, name = _split_target(target)
     state = model.workload_state(namespace, name)
-    if state is None:
-        raise ExplainError(f"workload {namespace}/{name} is not in {dump}")
-    view = workload_view(model, state)
-    return _dumps(view) if as_json else explain_text(view)
+    if state is not None:
+        view = explained_workload(model, state)
+        return _dumps(view) if as_json else explain_text(view)
+    job = find_job(model, namespace, name)
+    if job is None:
+        raise ExplainError(f"no workload or elastic job {namespace}/{name} in {dump}")
+    job_dict = job_view(model, job)
+    return _dumps(job_dict) if as_json else job_text(job_dict)
 
 
 def explain_live(server: str, target: str | None, all_preemptions: bool, as_json: bool) -> str:
@@ -306,7 +316,14 @@ def explain_live(server: str, target: str | None, all_preemptions: bool, as_json
         return _dumps(records) if as_json else preemptions_text(records)
     namespace, name = _split_target(target)
     quoted = f"{urllib.parse.quote(namespace)}/{urllib.parse.quote(name)}"
-    view = _get_json(f"{base}/api/v1/workloads/{quoted}")
+    try:
+        view = _get_json(f"{base}/api/v1/workloads/{quoted}")
+    except NotFound:
+        try:  # not a Workload: an elastic job's name, as users know it
+            job = _get_json(f"{base}/api/v1/elastic/jobs/{quoted}")
+        except NotFound:
+            raise ExplainError(f"no workload or elastic job {namespace}/{name} at {base}") from None
+        return _dumps(job) if as_json else job_text(job)
     return _dumps(view) if as_json else explain_text(view)
 
 
@@ -326,6 +343,8 @@ def _get_json(url: str) -> Any:
             message = json.load(exc).get("error", exc.reason)
         except (ValueError, AttributeError):
             message = exc.reason
+        if exc.code == 404:
+            raise NotFound(f"{url}: {message}") from exc
         raise ExplainError(f"{url}: {exc.code} {message}") from exc
     except (urllib.error.URLError, OSError) as exc:
         raise ExplainError(f"cannot reach {url}: {exc}") from exc

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from exporter.cluster import metrics, views
+from exporter.cluster.elastic import views as elastic_views
 from exporter.cluster.informers import InformerSet
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.quota.advisor import AdvisorConfig, Recommendation, advise, fair_share_weights
@@ -102,7 +103,7 @@ class ClusterService:
         """Informers will feed the model: verdicts wait for every kind's first list."""
         self.informers = informers
         with self.lock:
-            self.model.expect_lists(informers.kinds, self.clock())
+            self.model.expect_lists(informers.required_kinds, self.clock())
 
     @property
     def synced(self) -> bool:
@@ -133,15 +134,21 @@ class ClusterService:
         errors = Family(
             "topowatch_cluster_informer_errors", COUNTER, "List/watch failures, by reason."
         )
+        absent = Family(
+            "topowatch_cluster_informer_kind_absent",
+            GAUGE,
+            "1 while an optional kind (HyperPodPyTorchJob) is not served: its CRD is absent.",
+        )
         for st in self.informers.status() if self.informers is not None else []:
             labels = [("kind", st.kind)]
             synced.add(labels, st.synced)
+            absent.add(labels, st.absent)
             events.add(labels, st.events)
             relists.add(labels, st.relists_gone)
             restarts.add(labels, st.watch_restarts)
             for reason, count in sorted(st.errors.items()):
                 errors.add([*labels, ("reason", reason)], count)
-        return [synced, events, relists, restarts, errors]
+        return [synced, events, relists, restarts, errors, absent]
 
     def ec2_event_families(self) -> list[Family]:
         """The EC2 scheduled-events poller's own counters; none while it is off."""
@@ -175,7 +182,20 @@ class ClusterService:
             state = self.model.workload_state(namespace, name)
             if state is None:
                 return None
-            return views.workload_view(self.model, state, now=self.clock())
+            return elastic_views.explained_workload(self.model, state, now=self.clock())
+
+    def elastic_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            job = elastic_views.find_job(self.model, namespace, name)
+            return elastic_views.job_view(self.model, job) if job is not None else None
+
+    def elastic_jobs(self, namespace: str | None) -> list[dict[str, Any]]:
+        with self.lock:
+            return elastic_views.jobs_view(self.model, namespace)
+
+    def idle_gpus(self) -> dict[str, Any]:
+        with self.lock:
+            return elastic_views.idle_view(self.model, self.clock())
 
     def workloads(self, namespace: str | None, status: str | None) -> list[dict[str, Any]]:
         with self.lock:
@@ -256,6 +276,7 @@ class ClusterService:
                     "kind": s.kind,
                     "version": s.version,
                     "synced": s.synced,
+                    "absent": s.absent,
                     "last_error": s.last_error,
                 }
                 for s in informers
@@ -338,6 +359,21 @@ def build_app(service: ClusterService) -> web.Application:
     async def quota(_: web.Request) -> web.Response:
         return web.json_response(await off_loop(service.quota_recommendations))
 
+    async def elastic_jobs(request: web.Request) -> web.Response:
+        return web.json_response(
+            await off_loop(service.elastic_jobs, request.query.get("namespace"))
+        )
+
+    async def elastic_job(request: web.Request) -> web.Response:
+        ns, name = request.match_info["namespace"], request.match_info["name"]
+        view = await off_loop(service.elastic_job, ns, name)
+        if view is None:
+            return _error(404, f"elastic job {ns}/{name} not found")
+        return web.json_response(view)
+
+    async def idle_gpus(_: web.Request) -> web.Response:
+        return web.json_response(await off_loop(service.idle_gpus))
+
     app = web.Application()
     add_ui_routes(app, service, off_loop)
     app.router.add_get("/metrics", metrics_handler)
@@ -349,6 +385,9 @@ def build_app(service: ClusterService) -> web.Application:
     app.router.add_get("/api/v1/topology", topology)
     app.router.add_get("/api/v1/efa/remote-errors", efa_remote_errors)
     app.router.add_get("/api/v1/quota/recommendations", quota)
+    app.router.add_get("/api/v1/elastic/jobs", elastic_jobs)
+    app.router.add_get("/api/v1/elastic/jobs/{namespace}/{name}", elastic_job)
+    app.router.add_get("/api/v1/elastic/idle", idle_gpus)
     add_remediation_routes(app, service)
     return app
 

@@ -513,12 +513,25 @@ def parse_pod(obj: Mapping[str, Any], problems: list[str] | None = None) -> Pod:
             queue_name=text(labels.get(QUEUE_NAME_LABEL), "metadata.labels", notes),
             owner=owner,
             owner_uid=owner_uid,
+            ready_since=_ready_since(status.get("conditions"), notes),
+            gated=bool(items(spec.get("schedulingGates"), "spec.schedulingGates", notes)),
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")
         pod = Pod("", "", "", "", "", 0, "", "", "", "", "")
     report("Pod", obj, notes, problems)
     return pod
+
+
+def _ready_since(raw: object, notes: list[str]) -> float | None:
+    """When the Pod's Ready condition turned True (its creation-less fallback is 0.0), None
+    while it is not Ready."""
+    for cond in items(raw, "status.conditions", notes):
+        if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+            if cond.get("status") != "True":
+                return None
+            return parse_time(cond.get("lastTransitionTime")) or 0.0
+    return None
 
 
 def parse_event(obj: Mapping[str, Any], problems: list[str] | None = None) -> KubeEvent:

@@ -531,6 +531,14 @@ def _priority_class(spec: Mapping[str, Any], problems: list[str]) -> str:
 KNOWN_WORKLOAD_VERSIONS = frozenset({f"{KUEUE_GROUP}/v1beta1", f"{KUEUE_GROUP}/v1beta2"})
 
 
+# Kueue's workload slices (pkg/controller/jobframework/reconciler.go `prepareWorkloadSlice`,
+# apis/kueue/v1beta2 constants): the per-job opt-in, the origin slice's name, and the key
+# ("ns/name") of the slice a new one replaces.
+ELASTIC_JOB_ANNOTATION: Final = "kueue.x-k8s.io/elastic-job"
+SLICE_NAME_ANNOTATION: Final = "kueue.x-k8s.io/workload-slice-name"
+SLICE_REPLACEMENT_ANNOTATION: Final = "kueue.x-k8s.io/workload-slice-replacement-for"
+
+
 def parse_workload(obj: Mapping[str, Any]) -> Workload:
     """A Workload of either served version; malformed fields land in `problems`."""
     problems: list[str] = []
@@ -540,6 +548,7 @@ def parse_workload(obj: Mapping[str, Any]) -> Workload:
         status = mapping(body.get("status"), "status", problems)
         admission = mapping(status.get("admission"), "status.admission", problems)
         labels = string_map(meta.get("labels"), "metadata.labels", problems)
+        annotations = string_map(meta.get("annotations"), "metadata.annotations", problems)
         name = text(meta.get("name"), "metadata.name", problems)
         namespace = text(meta.get("namespace"), "metadata.namespace", problems)
         if meta and not (name and namespace):
@@ -572,6 +581,9 @@ def parse_workload(obj: Mapping[str, Any]) -> Workload:
             conditions=_conditions(status.get("conditions"), problems),
             requeue_count=integer(requeue.get("count"), "status.requeueState.count", problems),
             problems=tuple(problems),
+            elastic=annotations.get(ELASTIC_JOB_ANNOTATION) == "true",
+            slice_name=annotations.get(SLICE_NAME_ANNOTATION, ""),
+            replacement_for=annotations.get(SLICE_REPLACEMENT_ANNOTATION, ""),
         )
     except Exception as exc:  # a parser bug must not take the informer down
         problems.append(f"unexpected {type(exc).__name__}: {exc}")

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from exporter.cluster.capacity.placement import Fit, NodeFreeMap, fit
-from exporter.cluster.metrics import team_of
 from exporter.cluster.model import ClusterModel
-from exporter.cluster.objects import ClusterQueue, FlavorQuota, Node
+from exporter.cluster.objects import ClusterQueue, FlavorQuota, Node, team_of
 from exporter.cluster.parse.core import parse_quantity as core_parse_quantity
 from exporter.cluster.quota.history import JobShape, QueueSummary, QuotaHistory
 from exporter.topology.labels import LAYER_KEYS, Placement

@@ -1,0 +1,1 @@
+"""Elastic training jobs: their scale events, and the idle GPUs they could have used."""

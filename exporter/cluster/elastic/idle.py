@@ -1,0 +1,326 @@
+"""Idle and absorbed GPU-seconds, integrated exactly as the cluster changes.
+
+Every quantity here is piecewise constant between watch events, so its integral is exact when
+each piece is closed at the moment it changes. Closing must stay O(1) per event on a
+2,000-node cluster, which rules out re-splitting every domain at every event. The trick is in
+`_Share`: the share of a flavor's schedulable idle GPUs that each demand reason gets is the
+same for all of the flavor's domains, so one running integral of those shares per flavor
+(`phi`) lets a domain close its own piece with `idle * (phi(now) - phi(then))` whenever its idle
+count changes, and only then.
+
+Reasons an idle GPU has, in the order they are decided:
+- the node is not offered at all: `health` (cordoned, not Ready, HyperPod's Unschedulable*
+  label), `deep_health_check` (HyperPod's deep health check InProgress, Failed or unreadable:
+  its GPUs are held by the check), `maintenance` (an EC2 scheduled event is due);
+- otherwise the flavor's schedulable idle GPUs are matched against what waits for that flavor,
+  by the cause Kueue gave the waiting work: first `claimable` (a pending Workload Kueue has not
+  refused for quota or topology, or an elastic job below its maximum with no scale-up asked
+  yet: either could use the GPU now), then `topology` (Kueue's TAS found no domain that fits,
+  although quota allows), then `quota` (the queue's quota and the cohort's lendable GPUs are
+  used up), and what is left is `no_demand`.
+`absorbed` GPU-seconds are an elastic job's GPUs above its minimum: idle capacity the job
+took instead of leaving it idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final, Generic, Literal, TypeVar
+
+from exporter.cluster.objects import Node, ResourceFlavor, Workload
+from exporter.topology.labels import INSTANCE_TYPE_KEY
+
+NodeState = Literal["schedulable", "health", "deep_health_check", "maintenance"]
+DemandCause = Literal["claimable", "topology", "quota"]
+DEMAND_ORDER: Final[tuple[DemandCause, ...]] = ("claimable", "topology", "quota")
+REASONS: Final = (
+    "claimable",
+    "topology",
+    "quota",
+    "no_demand",
+    "health",
+    "deep_health_check",
+    "maintenance",
+)
+_TOPOLOGY_PHRASES = ("allows to fit only", "doesn't allow to fit", "topology")
+_NOT_DEMAND_PHRASES = ("doesn't exist", "couldn't find matching flavor", "is inactive")
+_NOT_DEMAND_REASONS = frozenset({"Misconfigured", "NoMatchingFlavor", "ClusterQueueStopped"})
+
+K = TypeVar("K", bound=Hashable)
+
+
+def node_state(node: Node) -> NodeState:
+    """Whether the node's idle GPUs are offered, and if not, why (placement.screen_nodes'
+    causes, folded: a deep health check first, then Kubernetes' and HyperPod's own marks,
+    then EC2 maintenance)."""
+    if node.deep_health_blocks:
+        return "deep_health_check"
+    if not node.schedulable or node.cordoned:
+        return "health"
+    if node.scheduled_event:
+        return "maintenance"
+    return "schedulable"
+
+
+def flavor_of(node: Node, flavors: Iterable[ResourceFlavor]) -> str:
+    """The ResourceFlavor whose nodeLabels select the node (first by name), else its instance
+    type, which is how HyperPod names its flavors."""
+    for flavor in sorted(flavors, key=lambda f: f.name):
+        if flavor.node_labels and all(node.label(k) == v for k, v in flavor.node_labels):
+            return flavor.name
+    return node.label(INSTANCE_TYPE_KEY)
+
+
+def demand_cause(workload: Workload) -> DemandCause | None:
+    """What a pending Workload's QuotaReserved=False condition says kept it out, in Kueue's
+    own words (the scheduler's verdict at its last attempt, which is what held the GPUs idle):
+    topology when TAS could not fit it, quota when the queue or cohort lacked GPUs, claimable
+    otherwise (not tried yet, or admissible at the next cycle). Inactive and misconfigured
+    Workloads are no demand: no capacity could have started them."""
+    if not workload.active or workload.gpus_requested <= 0:
+        return None
+    cond = workload.condition("QuotaReserved")
+    if cond is None or cond.status != "False":
+        return "claimable"
+    lowered = cond.message.lower()
+    if cond.reason in _NOT_DEMAND_REASONS or any(p in lowered for p in _NOT_DEMAND_PHRASES):
+        return None
+    if any(p in lowered for p in _TOPOLOGY_PHRASES):
+        return "topology"
+    if "quota" in lowered:
+        return "quota"
+    return "claimable"
+
+
+def demand_flavor(workload: Workload, queue_flavors: Iterable[str]) -> str:
+    """The flavor a pending Workload waits for: the one Kueue's message names ("... in flavor
+    X"), else the first GPU flavor of its ClusterQueue, else "" (unknown)."""
+    cond = workload.condition("QuotaReserved")
+    message = cond.message if cond is not None else ""
+    marker = " in flavor "
+    at = message.find(marker)
+    if at >= 0:
+        rest = message[at + len(marker) :]
+        name = rest.split(",", 1)[0].split(" ", 1)[0].strip().strip("\"'")
+        if name:
+            return name
+    return next(iter(queue_flavors), "")
+
+
+def split(idle: int, demand: Mapping[str, int]) -> tuple[int, int, int, int]:
+    """`idle` schedulable GPUs of one flavor shared out by demand, in DEMAND_ORDER:
+    (claimable, topology, quota, no_demand)."""
+    left = max(0, idle)
+    shares = []
+    for cause in DEMAND_ORDER:
+        take = min(left, max(0, demand.get(cause, 0)))
+        shares.append(take)
+        left -= take
+    return shares[0], shares[1], shares[2], left
+
+
+class Integrator(Generic[K]):
+    """The integral of value dt per key, for values that change only when `set` says so."""
+
+    def __init__(self) -> None:
+        self._now: dict[K, tuple[float, float]] = {}  # key -> (value, since)
+        self._done: dict[K, float] = {}
+
+    def set(self, key: K, value: float, now: float) -> None:
+        held = self._now.get(key)
+        if held is not None:
+            old, since = held
+            if old == value:
+                return
+            if now > since:
+                self._done[key] = self._done.get(key, 0.0) + old * (now - since)
+        self._now[key] = (value, now if held is None or now > held[1] else held[1])
+
+    def totals(self, now: float) -> dict[K, float]:
+        out = dict(self._done)
+        for key, (value, since) in self._now.items():
+            if value and now > since:
+                out[key] = out.get(key, 0.0) + value * (now - since)
+        return out
+
+
+@dataclass(slots=True)
+class _Share:
+    """One flavor's running integral phi of the demand shares (claimable, topology, quota,
+    no_demand) of its schedulable idle GPUs."""
+
+    fractions: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 1.0)
+    since: float = 0.0
+    cumulative: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+
+    def at(self, now: float) -> tuple[float, float, float, float]:
+        dt = max(0.0, now - self.since)
+        c, f = self.cumulative, self.fractions
+        return (c[0] + f[0] * dt, c[1] + f[1] * dt, c[2] + f[2] * dt, c[3] + f[3] * dt)
+
+
+@dataclass(slots=True)
+class _Piece:
+    idle: int
+    mark: tuple[float, float, float, float]  # phi when `idle` last changed
+    done: list[float]
+
+
+class IdleAccountant:
+    """Idle GPU-seconds by (flavor, domain, reason) and absorbed GPU-seconds by (flavor, team).
+
+    The model tells it each node's idle GPUs and state, each pending demand, and each elastic
+    job's GPUs above its minimum, whenever one changes; `totals` integrates up to `now`.
+    Times must not go backwards; an earlier `now` is treated as the latest seen."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[str, str, NodeState, int]] = {}
+        self._offline: Integrator[tuple[str, str, str]] = Integrator()
+        self._offline_sum: dict[tuple[str, str, str], int] = {}
+        self._pieces: dict[tuple[str, str], _Piece] = {}
+        self._idle_by_flavor: dict[str, int] = {}
+        self._demand: dict[Hashable, tuple[str, DemandCause, int]] = {}
+        self._demand_by_flavor: dict[str, dict[str, int]] = {}
+        self._shares: dict[str, _Share] = {}
+        self._absorbed: Integrator[tuple[str, str]] = Integrator()
+        self._absorbed_by_job: dict[Hashable, tuple[str, str, int]] = {}
+        self._absorbed_sum: dict[tuple[str, str], int] = {}
+        self._latest = 0.0
+
+    def _clock(self, now: float) -> float:
+        if now > self._latest:
+            self._latest = now
+        return self._latest
+
+    # --- what changed ---------------------------------------------------------------------
+
+    def set_node(
+        self, name: str, flavor: str, domain: str, state: NodeState, idle: int, now: float
+    ) -> None:
+        now = self._clock(now)
+        entry = (flavor, domain, state, max(0, idle))
+        old = self._nodes.get(name)
+        if old == entry:
+            return
+        if old is not None:
+            self._add_node(old, -1, now)
+        self._nodes[name] = entry
+        self._add_node(entry, +1, now)
+
+    def remove_node(self, name: str, now: float) -> None:
+        old = self._nodes.pop(name, None)
+        if old is not None:
+            self._add_node(old, -1, self._clock(now))
+
+    def set_demand(
+        self, key: Hashable, flavor: str, cause: DemandCause, gpus: int, now: float
+    ) -> None:
+        now = self._clock(now)
+        entry = (flavor, cause, max(0, gpus))
+        old = self._demand.get(key)
+        if old == entry:
+            return
+        if old is not None:
+            self._add_demand(old, -1, now)
+        self._demand[key] = entry
+        self._add_demand(entry, +1, now)
+
+    def remove_demand(self, key: Hashable, now: float) -> None:
+        old = self._demand.pop(key, None)
+        if old is not None:
+            self._add_demand(old, -1, self._clock(now))
+
+    def set_absorbed(self, key: Hashable, flavor: str, team: str, gpus: int, now: float) -> None:
+        now = self._clock(now)
+        old = self._absorbed_by_job.pop(key, None)
+        if old is not None:
+            self._add_absorbed((old[0], old[1]), -old[2], now)
+        if gpus > 0:
+            self._absorbed_by_job[key] = (flavor, team, gpus)
+            self._add_absorbed((flavor, team), gpus, now)
+
+    # --- readings -------------------------------------------------------------------------
+
+    def totals(self, now: float) -> dict[tuple[str, str, str], float]:
+        """GPU-seconds by (flavor, domain, reason) since this accountant began."""
+        now = max(now, self._latest)
+        out: dict[tuple[str, str, str], float] = dict(self._offline.totals(now))
+        for (flavor, domain), piece in self._pieces.items():
+            share = self._shares.get(flavor)
+            phi = share.at(now) if share is not None else piece.mark
+            for i, reason in enumerate(REASONS[:4]):
+                value = piece.done[i] + piece.idle * (phi[i] - piece.mark[i])
+                if value:
+                    out[(flavor, domain, reason)] = value
+        return out
+
+    def absorbed(self, now: float) -> dict[tuple[str, str], float]:
+        return self._absorbed.totals(max(now, self._latest))
+
+    def idle_now(self) -> dict[str, int]:
+        """Idle GPUs at this moment by reason (for the JSON endpoint's "now" column)."""
+        out = dict.fromkeys(REASONS, 0)
+        for (_, _, state), n in self._offline_sum.items():
+            out[state] += n
+        for flavor, idle in self._idle_by_flavor.items():
+            shares = split(idle, self._demand_by_flavor.get(flavor, {}))
+            for reason, n in zip(REASONS[:4], shares, strict=True):
+                out[reason] += n
+        return out
+
+    # --- bookkeeping ----------------------------------------------------------------------
+
+    def _add_node(self, entry: tuple[str, str, NodeState, int], sign: int, now: float) -> None:
+        flavor, domain, state, idle = entry
+        if not idle:
+            return
+        if state != "schedulable":
+            key = (flavor, domain, state)
+            total = self._offline_sum.get(key, 0) + sign * idle
+            self._offline_sum[key] = total
+            self._offline.set(key, total, now)
+            return
+        share = self._share(flavor, now)
+        phi = share.at(now)
+        piece = self._pieces.get((flavor, domain))
+        if piece is None:
+            piece = self._pieces[(flavor, domain)] = _Piece(0, phi, [0.0, 0.0, 0.0, 0.0])
+        for i in range(4):
+            piece.done[i] += piece.idle * (phi[i] - piece.mark[i])
+        piece.mark = phi
+        piece.idle += sign * idle
+        self._idle_by_flavor[flavor] = self._idle_by_flavor.get(flavor, 0) + sign * idle
+        self._reshare(flavor, now)
+
+    def _add_demand(self, entry: tuple[str, DemandCause, int], sign: int, now: float) -> None:
+        flavor, cause, gpus = entry
+        per = self._demand_by_flavor.setdefault(flavor, {})
+        per[cause] = per.get(cause, 0) + sign * gpus
+        if flavor in self._idle_by_flavor:
+            self._reshare(flavor, now)
+
+    def _add_absorbed(self, key: tuple[str, str], delta: int, now: float) -> None:
+        total = self._absorbed_sum.get(key, 0) + delta
+        self._absorbed_sum[key] = total
+        self._absorbed.set(key, total, now)
+
+    def _share(self, flavor: str, now: float) -> _Share:
+        share = self._shares.get(flavor)
+        if share is None:
+            share = self._shares[flavor] = _Share(since=now)
+        return share
+
+    def _reshare(self, flavor: str, now: float) -> None:
+        idle = self._idle_by_flavor.get(flavor, 0)
+        share = self._share(flavor, now)
+        if idle > 0:
+            parts = split(idle, self._demand_by_flavor.get(flavor, {}))
+            fractions = (parts[0] / idle, parts[1] / idle, parts[2] / idle, parts[3] / idle)
+        else:
+            fractions = (0.0, 0.0, 0.0, 1.0)
+        if fractions == share.fractions:
+            return
+        share.cumulative = share.at(now)
+        share.since = now
+        share.fractions = fractions
