@@ -121,7 +121,9 @@ def advise(
             continue
         unplaceable = _unplaceable_quota_wait(shapes, cq, summary)
         wants[name] = _nominal_want(cq, summary, config, unplaceable)
-    recs.extend(_nominal_recs(model, wants, summaries, config))
+    recs.extend(
+        _with_idle_evidence(model, r, now) for r in _nominal_recs(model, wants, summaries, config)
+    )
     advised_nominal = {r.cluster_queue: r.recommended for r in recs if r.kind == "nominal"}
     for name, want in sorted(wants.items()):
         cq = model.cluster_queues[name]
@@ -136,6 +138,29 @@ def advise(
 
 
 # --- nominal ----------------------------------------------------------------------------------
+
+
+def _with_idle_evidence(model: ClusterModel, rec: Recommendation, now: float) -> Recommendation:
+    """A nominal change, with the flavor's idle GPU-hours since the service started that Kueue
+    held back for quota and that waiting or elastic work could have claimed: raising a quota
+    that kept GPUs idle costs no other team its own."""
+    if rec.kind != "nominal" or not rec.flavor:
+        return rec
+    hours: dict[str, float] = {"quota": 0.0, "claimable": 0.0}
+    for (flavor, _, reason), seconds in model.idle.totals(now).items():
+        if flavor == rec.flavor and reason in hours:
+            hours[reason] += seconds / 3600.0
+    evidence = {
+        **rec.evidence,
+        "flavor_idle_gpu_hours_quota_blocked": round(hours["quota"], 2),
+        "flavor_idle_gpu_hours_claimable": round(hours["claimable"], 2),
+    }
+    detail = rec.detail
+    if rec.reason == DEMAND_ABOVE_NOMINAL and hours["quota"] >= 1.0:
+        detail += (
+            f"; meanwhile {hours['quota']:.0f} GPU-hours of {rec.flavor} sat idle, held by quota"
+        )
+    return replace(rec, evidence=evidence, detail=detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +194,11 @@ def _nominal_want(
     others = cq.nominal - quota.nominal  # other GPU flavors keep their quota
     gran = max(1, config.granularity)
     quota_wait = max(0.0, s.avg_pending_quota - unplaceable)
-    quota_demand = s.avg_used + quota_wait
+    # Elastic jobs grow into whatever is idle (the HyperPod operator asks up to maxReplicas):
+    # what they run above their minimum is opportunistic, so it is not demand for guaranteed
+    # quota. Raising nominal for it would take quota other teams are promised.
+    guaranteed_use = max(0.0, s.avg_used - s.avg_absorbed)
+    quota_demand = guaranteed_use + quota_wait
     all_demand = quota_demand + s.avg_pending_topology
     largest_quota_wait = max(
         (sh.gpus for sh in s.shapes if sh.state == "pending" and sh.pending_cause == "quota"),
@@ -184,6 +213,8 @@ def _nominal_want(
         "avg_pending_quota_gpus": round(s.avg_pending_quota, 2),
         "avg_unplaceable_pending_gpus": round(unplaceable, 2),
         "avg_pending_topology_gpus": round(s.avg_pending_topology, 2),
+        "avg_elastic_absorbed_gpus": round(s.avg_absorbed, 2),
+        "elastic_absorbed_gpu_hours": round(s.avg_absorbed * s.seconds / 3600.0, 2),
         "pending_quota_gpu_hours": round(s.pending_quota_gpu_hours, 2),
         "busiest_hour_used_gpus": round(s.busiest_used, 2),
         "window_hours": round(s.seconds / 3600.0, 2),
@@ -192,14 +223,14 @@ def _nominal_want(
     keep = _Want(quota, quota.nominal, "", "", evidence)
     window = _window_words(s)
     if quota_demand > cq.nominal:
-        target = _round_up(max(quota_demand, largest_quota_wait + s.avg_used), gran) - others
+        target = _round_up(max(quota_demand, largest_quota_wait + guaranteed_use), gran) - others
         if _worth_changing(quota.nominal, target, config):
             return _Want(
                 quota,
                 target,
                 DEMAND_ABOVE_NOMINAL,
-                f"used {s.avg_used:.0f} GPUs on average ({s.avg_borrowed:.0f} of them borrowed) "
-                f"and kept {quota_wait:.0f} more waiting on quota "
+                f"used {s.avg_used:.0f} GPUs on average ({s.avg_borrowed:.0f} of them borrowed"
+                f"{_absorbed_words(s)}) and kept {quota_wait:.0f} more waiting on quota "
                 f"({s.pending_quota_gpu_hours:.1f} GPU-hours) {window}, against a nominal quota "
                 f"of {cq.nominal}",
                 evidence,
@@ -222,6 +253,12 @@ def _nominal_want(
             evidence,
         )
     return keep
+
+
+def _absorbed_words(s: QueueSummary) -> str:
+    if s.avg_absorbed < 0.5:
+        return ""
+    return f", {s.avg_absorbed:.0f} by elastic jobs above their minimum, not counted as demand"
 
 
 def _nominal_recs(

@@ -62,6 +62,8 @@ class QueueTotals:
     topology_fit_if_preferred_gpu_s: float = 0.0
     topology_waiting_s: float = 0.0  # seconds with any workload pending on topology
     borrowing_s: float = 0.0  # seconds with borrowed > 0
+    # GPUs the queue's elastic jobs ran above their minimum: opportunistic use of idle GPUs
+    absorbed_gpu_s: float = 0.0
     peak_used: int = 0
     peak_borrowed: int = 0
     preemptions_suffered: int = 0
@@ -81,6 +83,7 @@ class QueueTotals:
         self.topology_fit_if_preferred_gpu_s += other.topology_fit_if_preferred_gpu_s
         self.topology_waiting_s += other.topology_waiting_s
         self.borrowing_s += other.borrowing_s
+        self.absorbed_gpu_s += other.absorbed_gpu_s
         self.peak_used = max(self.peak_used, other.peak_used)
         self.peak_borrowed = max(self.peak_borrowed, other.peak_borrowed)
         self.preemptions_suffered += other.preemptions_suffered
@@ -115,6 +118,7 @@ class QueueSummary:
     preemptions_suffered: int
     preemptions_caused: int
     shapes: Mapping[JobShape, float]  # seconds each shape was seen (summed over workloads)
+    avg_absorbed: float = 0.0  # GPUs elastic jobs used above their minimum, on average
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,7 @@ class _Observation:
     pending_topology: int
     topology_fit_if_preferred: int
     shapes: tuple[JobShape, ...]
+    absorbed: int = 0
 
 
 class QuotaHistory:
@@ -268,6 +273,7 @@ class QuotaHistory:
             preemptions_suffered=total.preemptions_suffered,
             preemptions_caused=total.preemptions_caused,
             shapes=dict(total.shapes),
+            avg_absorbed=_avg(total.absorbed_gpu_s, secs),
         )
 
     def summaries(self) -> dict[str, QueueSummary]:
@@ -297,6 +303,7 @@ def _accumulate(totals: QueueTotals, seen: _Observation, step: float) -> None:
     totals.pending_quota_gpu_s += seen.pending_quota * step
     totals.pending_topology_gpu_s += seen.pending_topology * step
     totals.topology_fit_if_preferred_gpu_s += seen.topology_fit_if_preferred * step
+    totals.absorbed_gpu_s += seen.absorbed * step
     if seen.pending_topology > 0:
         totals.topology_waiting_s += step
     if seen.borrowed > 0:
@@ -399,6 +406,10 @@ def _observe(model: ClusterModel) -> dict[str, _Observation]:
                 placeable[key] = _preferred_would_place(model, workload, flavor)
             if placeable[key]:
                 fit_if_preferred[name] += gpus
+    absorbed: Counter[str] = Counter()
+    for job in model.elastic.jobs.values():
+        if job.cluster_queue:
+            absorbed[job.cluster_queue] += job.absorbed_replicas * job.gpus_per_replica
     out: dict[str, _Observation] = {}
     for name in sorted(set(queues) | set(shapes)):
         cq = queues.get(name)
@@ -414,5 +425,6 @@ def _observe(model: ClusterModel) -> dict[str, _Observation]:
             pending_topology=pending_topology[name],
             topology_fit_if_preferred=fit_if_preferred[name],
             shapes=tuple(shapes.get(name, ())),
+            absorbed=absorbed[name],
         )
     return out
