@@ -7,9 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders.common import StackingConfig
+from grafana_foundation_sdk.models.common import GraphDrawStyle, StackingMode
+from grafana_foundation_sdk.models.dashboard import DynamicConfigValue
 
 from dashboards.kit import (
     CLUSTER,
+    bars,
     dashboard,
     grid,
     link_to,
@@ -47,6 +51,17 @@ def nvlink_recoveries(by: str, sel: str) -> str:
         f"sum by ({by}) (rate(topowatch_nvlink_recovery_errors_total{{{sel}}}[{RATE}]))"
         f" or sum by ({by}) (rate(topowatch_nvlink_link_recoveries_total{{{sel}}}[{RATE}]))"
     )
+
+
+# An elastic job's series name it in `elastic_job`: Prometheus owns `job` (the scrape job).
+def elastic_job(metric: str, sel: str) -> str:
+    return f"{metric}{{{sel}}}"
+
+
+def elastic_replicas(state: str, sel: str) -> str:
+    """One column of the elastic jobs table: each job's replicas in `state`."""
+    replicas = elastic_job("topowatch_elastic_job_replicas", f'{sel}, state="{state}"')
+    return f"max by (namespace, elastic_job, kind, cluster_queue) ({replicas})"
 
 
 TO_NODE = link_to(
@@ -739,6 +754,7 @@ def governance() -> db.Dashboard:
         "Placement of ${__data.fields.workload}",
         "var-workload=${__data.fields.workload}",
     )
+    bounds = f'{q}, state=~"running|target|min|max"'
     return (
         dashboard(
             "governance",
@@ -853,6 +869,137 @@ def governance() -> db.Dashboard:
                 ),
                 links=[to_workload],
                 width=24,
+            )
+        )
+        .with_row(db.Row("Elastic jobs"))
+        .with_panel(
+            series(
+                "Elastic job size vs bounds",
+                "Replicas per elastic job (HyperPodPyTorchJob elasticPolicy, Kueue elastic Job):"
+                " running pods, the target the operator scales to, and the min and max bounds"
+                " (dashed) from its spec.",
+                "short",
+                query(
+                    "max by (namespace, elastic_job, state) "
+                    f"({elastic_job('topowatch_elastic_job_replicas', bounds)})",
+                    "{{namespace}}/{{elastic_job}} {{state}}",
+                ),
+            ).override_by_regexp(
+                ".* (min|max)$",
+                [
+                    DynamicConfigValue(
+                        id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]}
+                    )
+                ],
+            )
+        )
+        .with_panel(
+            grid(
+                "Elastic jobs now",
+                "Per live elastic job: replicas running, the operator's target, the spec's min"
+                " and max, and status.elasticScalingStatus.consecutiveScalingFailures (scale-ups"
+                " that failed in a row).",
+                query(elastic_replicas("running", q), instant=True),
+                query(elastic_replicas("target", q), instant=True),
+                query(elastic_replicas("min", q), instant=True),
+                query(elastic_replicas("max", q), instant=True),
+                query(
+                    "max by (namespace, elastic_job) "
+                    f"({elastic_job('topowatch_elastic_consecutive_scaling_failures', C)})"
+                    " and on (namespace, elastic_job) " + elastic_replicas("running", q),
+                    instant=True,
+                ),
+                rename={
+                    "elastic_job": "job",
+                    "Value #A": "running",
+                    "Value #B": "target",
+                    "Value #C": "min",
+                    "Value #D": "max",
+                    "Value #E": "consecutive scaling failures",
+                },
+            )
+        )
+        .with_panel(
+            series(
+                "Scale events by direction and cause",
+                "Elastic jobs scaled up or down per rate window, by why: capacity_freed (GPUs"
+                " came free), preemption (Kueue reclaimed them), faulty_pod, user_change (the"
+                " spec's bounds changed) or unknown.",
+                "short",
+                query(
+                    "sum by (direction, cause) (increase(topowatch_elastic_scale_events_total"
+                    f"{{{q}}}[{RATE}]))",
+                    "{{direction}} {{cause}}",
+                ),
+            ).draw_style(GraphDrawStyle.BARS)
+        )
+        .with_panel(
+            series(
+                "Scale-up failures by phase",
+                "Scale-ups that failed per rate window, by the phase they failed in: admission"
+                " (Kueue never admitted the new Workload slice), scheduling, ready (pods never"
+                " became ready) or restart (the job did not restart at the new size).",
+                "short",
+                query(
+                    "sum by (phase) (increase(topowatch_elastic_scale_failures_total"
+                    f"{{{q}}}[{RATE}]))",
+                    "{{phase}}",
+                ),
+            ).draw_style(GraphDrawStyle.BARS)
+        )
+        .with_panel(
+            series(
+                "Time to scale up by phase",
+                "p50 and p90 of the seconds from a scale-up request (its Workload created) to"
+                " the new size being admitted, scheduled, ready and restarted, over the rate"
+                " window.",
+                "s",
+                query(
+                    "histogram_quantile(0.5, sum by (le, phase) "
+                    f"(rate(topowatch_elastic_scale_up_phase_seconds_bucket{{{C}}}[{RATE}])))",
+                    "{{phase}} p50",
+                ),
+                query(
+                    "histogram_quantile(0.9, sum by (le, phase) "
+                    f"(rate(topowatch_elastic_scale_up_phase_seconds_bucket{{{C}}}[{RATE}])))",
+                    "{{phase}} p90",
+                ),
+            )
+        )
+        .with_panel(
+            bars(
+                "Idle GPU-hours by reason",
+                "GPU-hours left idle over the time range, by why. claimable: a pending or"
+                " elastic job could have used these GPUs now; quota/topology: Kueue kept waiting"
+                " work out for that reason; no_demand: nothing asked for them;"
+                " health/deep_health_check/maintenance: the node was not offered.",
+                "sum by (reason) "
+                f"(increase(topowatch_idle_gpu_seconds_total{{{C}}}[$__range])) / 3600",
+                "{{reason}}",
+                unit="suffix: GPU-h",
+            )
+        )
+        .with_panel(
+            series(
+                "Idle GPUs by reason",
+                "Average idle GPUs per rate window (idle GPU-seconds per second), stacked by"
+                " reason; the reasons are those of Idle GPU-hours by reason.",
+                "short",
+                query(
+                    f"sum by (reason) (rate(topowatch_idle_gpu_seconds_total{{{C}}}[{RATE}]))",
+                    "{{reason}}",
+                ),
+            ).stacking(StackingConfig().mode(StackingMode.NORMAL))
+        )
+        .with_panel(
+            bars(
+                "GPU-hours absorbed by elastic jobs per team",
+                "GPU-hours each team's elastic jobs ran above their minimum replicas over the"
+                " time range: capacity that would otherwise have sat idle or gone to others.",
+                "sum by (team) "
+                f"(increase(topowatch_elastic_absorbed_gpu_seconds_total{{{C}}}[$__range])) / 3600",
+                "{{team}}",
+                unit="suffix: GPU-h",
             )
         )
     )

@@ -4,9 +4,11 @@ datasource, and links that carry the datasource and time range along."""
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import bargauge, stat, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import prometheus as prom
-from grafana_foundation_sdk.builders import stat, table, timeseries
+from grafana_foundation_sdk.builders.common import ReduceDataOptions
+from grafana_foundation_sdk.models.common import VizOrientation
 from grafana_foundation_sdk.models.dashboard import (
     DashboardLinkType,
     DataSourceRef,
@@ -120,6 +122,25 @@ def single(
     )
 
 
+def bars(
+    title: str, description: str, expr: str, legend: str, unit: str = "short", width: int = 12
+) -> bargauge.Panel:
+    """Horizontal bars, one per series of an instant query (e.g. a total over $__range by a
+    label), named by `legend`."""
+    return (
+        bargauge.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(width)
+        .height(8)
+        .orientation(VizOrientation.HORIZONTAL)
+        .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .with_target(query(expr, legend, instant=True).format(PromQueryFormat.TIME_SERIES))
+    )
+
+
 def grid(
     title: str,
     description: str,
@@ -127,9 +148,11 @@ def grid(
     links: list[db.DashboardLink] | None = None,
     width: int = 12,
     hide: list[str] | None = None,
+    rename: dict[str, str] | None = None,
 ) -> table.Panel:
     """A table of instant queries; several queries are merged on their shared labels. `hide`
-    drops more columns (e.g. "Value" where the labels are the answer)."""
+    drops more columns (e.g. "Value" where the labels are the answer); `rename` gives columns
+    headers (e.g. "Value #A", the first query's, a name)."""
     panel = (
         table.Panel()
         .title(title)
@@ -150,7 +173,8 @@ def grid(
                     "__name__": True,
                     "job": True,
                     **dict.fromkeys(hide or [], True),
-                }
+                },
+                **({"renameByName": rename} if rename else {}),
             },
         )
     )

@@ -212,6 +212,7 @@ _PLURALS = (
     ("ClusterQueue", "clusterqueues"),
     ("LocalQueue", "localqueues"),
     ("Node", "nodes"),
+    ("HyperPodPyTorchJob", "hyperpodpytorchjobs"),
     ("Workload", "workloads"),
     ("Pod", "pods"),
     ("Event", "events"),

@@ -513,3 +513,154 @@ def test_node_board_lists_the_latest_kernel_log_events() -> None:
         ],
         EFA_KERNEL_SERIES,
     )
+
+
+# --- elastic jobs on the task-governance board ---------------------------------------------------
+
+ELASTIC_FAMILIES = {
+    "topowatch_elastic_job_replicas",
+    "topowatch_elastic_scale_events_total",
+    "topowatch_elastic_scale_failures_total",
+    "topowatch_elastic_scale_up_phase_seconds_bucket",
+    "topowatch_elastic_consecutive_scaling_failures",
+    "topowatch_idle_gpu_seconds_total",
+    "topowatch_elastic_absorbed_gpu_seconds_total",
+}
+# the families that carry cluster_queue, so the board's team-queue variable narrows them
+ELASTIC_BY_QUEUE = {
+    "topowatch_elastic_job_replicas",
+    "topowatch_elastic_scale_events_total",
+    "topowatch_elastic_scale_failures_total",
+}
+
+
+def row_panels(model: Mapping[str, Any], title: str) -> list[dict[str, Any]]:
+    """The panels of the row `title`: nested in it when collapsed, else those up to the next row."""
+    panels = model["panels"]
+    [start] = [i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == title]
+    if panels[start].get("panels"):
+        return list(panels[start]["panels"])
+    group = []
+    for panel in panels[start + 1 :]:
+        if panel["type"] == "row":
+            break
+        group.append(panel)
+    return group
+
+
+def selectors(expr: str) -> Iterator[promql_parser.VectorSelector]:
+    found: list[promql_parser.VectorSelector] = []
+
+    def visit(node: promql_parser.Expr) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            found.append(node)
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    yield from found
+
+
+def test_governance_has_an_elastic_jobs_row_with_idle_gpu_hours_by_reason() -> None:
+    from datetime import timedelta
+
+    group = row_panels(load()["task-governance"], "Elastic jobs")
+    assert group and all(p["description"] for p in group)
+    # a range no other built-in uses, to tell $__range from $__rate_interval in the parse tree
+    builtins = {**BUILTINS, "__range": "17m"}
+    exprs = {
+        f"{p['title']} [{t['refId']}]": substitute(t["expr"], DEFAULTS, builtins)
+        for p in group
+        for t in p["targets"]
+    }
+    assert set().union(*(metric_names(e) for e in exprs.values())) == ELASTIC_FAMILIES
+    for where, expr in exprs.items():
+        for selector in selectors(expr):
+            labels = {m.name for m in selector.matchers.matchers}
+            assert "cluster" in labels, where
+            if selector.name in ELASTIC_BY_QUEUE:
+                assert "cluster_queue" in labels, where
+
+    hours = promql_parser.parse(exprs["Idle GPU-hours by reason [A]"])
+    assert isinstance(hours, promql_parser.BinaryExpr) and str(hours.op) == "/"
+    assert isinstance(hours.rhs, promql_parser.NumberLiteral) and hours.rhs.val == 3600
+    total = hours.lhs
+    assert isinstance(total, promql_parser.AggregateExpr) and str(total.op) == "sum"
+    assert total.modifier is not None
+    assert total.modifier.type == promql_parser.AggModifierType.By
+    assert list(total.modifier.labels) == ["reason"]
+    increase = total.expr
+    assert isinstance(increase, promql_parser.Call) and increase.func.name == "increase"
+    [window] = increase.args
+    assert isinstance(window, promql_parser.MatrixSelector)
+    assert window.vector_selector.name == "topowatch_idle_gpu_seconds_total"
+    assert window.range == timedelta(minutes=17)  # $__range: GPU-hours over the dashboard's range
+
+
+# Elastic series at 15 s, read at 5m, as the cluster service's scrape stores them (its own `job`
+# label beside the series' `elastic_job`); 8 GPUs idle and claimable throughout.
+_SERVICE = 'job="topowatch-cluster",instance="cluster:8080"'
+ELASTIC_SERIES = [
+    *(
+        (
+            f'topowatch_elastic_job_replicas{{{_SERVICE},elastic_job="llama",namespace="ns-a",'
+            f'kind="HyperPodPyTorchJob",cluster_queue="cq-a",team="a",state="{state}"}}',
+            f"{value}x20",
+        )
+        for state, value in [("min", 2), ("max", 8), ("target", 6), ("running", 4)]
+    ),
+    (
+        f'topowatch_elastic_job_replicas{{{_SERVICE},elastic_job="bert",namespace="ns-b",kind="Job",'
+        'cluster_queue="cq-b",team="b",state="running"}',
+        "3x20",
+    ),
+    (
+        f'topowatch_elastic_consecutive_scaling_failures{{{_SERVICE},elastic_job="llama",'
+        'namespace="ns-a"}',
+        "2x20",
+    ),
+    (
+        f'topowatch_idle_gpu_seconds_total{{{_SERVICE},flavor="p5",domain="d1",reason="claimable"}}',
+        "0+120x20",
+    ),
+]
+
+
+def test_elastic_panels_name_each_job_and_count_idle_gpu_hours() -> None:
+    exprs = dict(panel_queries(load()["task-governance"]))
+
+    def expr(where: str, **builtins: str) -> str:
+        return substitute(exprs[where], DEFAULTS, {**BUILTINS, **builtins})
+
+    promtool_evaluates(
+        [
+            {
+                "expr": expr("Elastic job size vs bounds [A]"),
+                "exp_samples": [
+                    {
+                        "labels": f'{{namespace="ns-a", elastic_job="llama", state="{s}"}}',
+                        "value": v,
+                    }
+                    for s, v in [("min", 2), ("max", 8), ("target", 6), ("running", 4)]
+                ]
+                + [
+                    {
+                        "labels": '{namespace="ns-b", elastic_job="bert", state="running"}',
+                        "value": 3,
+                    }
+                ],
+            },
+            {
+                "expr": expr("Elastic jobs now [E]"),
+                "exp_samples": [{"labels": '{namespace="ns-a", elastic_job="llama"}', "value": 2}],
+            },
+            {  # 8 idle GPUs
+                "expr": expr("Idle GPUs by reason [A]"),
+                "exp_samples": [{"labels": '{reason="claimable"}', "value": 8}],
+            },
+            {  # 8 GPUs for the 4 minutes of the range: 32 GPU-minutes
+                "expr": expr("Idle GPU-hours by reason [A]", __range="4m"),
+                "exp_samples": [{"labels": '{reason="claimable"}', "value": 32 / 60}],
+            },
+        ],
+        ELASTIC_SERIES,
+    )

@@ -240,6 +240,10 @@ class ClusterService:
         view = self.workload(namespace, name)
         return ui.workload_page(view) if view is not None else None
 
+    def ui_job(self, namespace: str, name: str) -> str | None:
+        view = self.elastic_job(namespace, name)
+        return ui.job_page(view) if view is not None else None
+
     def ui_preemptions(self) -> str:
         return ui.preemptions_page(self.preemptions(0.0))
 
@@ -418,7 +422,15 @@ def add_ui_routes(
     async def preemptions(_: web.Request) -> web.Response:
         return html(await off_loop(service.ui_preemptions))
 
+    async def job(request: web.Request) -> web.Response:
+        ns, name = request.match_info["namespace"], request.match_info["name"]
+        page = await off_loop(service.ui_job, ns, name)
+        if page is None:
+            return html(ui.not_found_page(f"elastic job {ns}/{name}"), status=404)
+        return html(page)
+
     app.router.add_get("/ui", index)
+    app.router.add_get("/ui/jobs/{namespace}/{name}", job)
     app.router.add_get("/ui/topology", topology)
     app.router.add_get("/ui/workloads/{namespace}/{name}", workload)
     app.router.add_get("/ui/preemptions", preemptions)

@@ -6,9 +6,16 @@ and would rename ours to `exported_job` unless the scrape honours labels.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
-from exporter.cluster.elastic.scaling import PHASE_BUCKETS, PHASES, ElasticBook
+from exporter.cluster.elastic.scaling import (
+    CAUSES,
+    FAILURE_PHASES,
+    PHASE_BUCKETS,
+    PHASES,
+    ElasticBook,
+)
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import team_of
 from exporter.exposition import COUNTER, GAUGE, HISTOGRAM, Family
@@ -21,7 +28,7 @@ def render(model: ClusterModel, now: float | None, cap: int) -> Iterable[Family]
     yield from _events(book)
     at = now if now is not None else 0.0
     idle = Family(
-        "topowatch_idle_gpu_seconds_total",
+        "topowatch_idle_gpu_seconds",
         COUNTER,
         "Idle GPU-seconds by flavor, leaf network domain and reason: claimable (a pending or "
         "elastic job could use them now), topology or quota (Kueue kept the waiting work out "
@@ -30,7 +37,7 @@ def render(model: ClusterModel, now: float | None, cap: int) -> Iterable[Family]
     for (flavor, domain, reason), seconds in sorted(model.idle.totals(at).items()):
         idle.add([("flavor", flavor), ("domain", domain), ("reason", reason)], seconds)
     absorbed = Family(
-        "topowatch_elastic_absorbed_gpu_seconds_total",
+        "topowatch_elastic_absorbed_gpu_seconds",
         COUNTER,
         "GPU-seconds elastic jobs ran above their minimum replicas: idle capacity they used.",
     )
@@ -89,12 +96,17 @@ def _jobs(book: ElasticBook, cap: int) -> Iterable[Family]:
 
 def _events(book: ElasticBook) -> Iterable[Family]:
     events = Family(
-        "topowatch_elastic_scale_events_total",
+        "topowatch_elastic_scale_events",
         COUNTER,
         "Scale events seen happening, by direction and cause (capacity_freed, preemption, "
         "faulty_pod, user_change, unknown); history rebuilt after a restart is not counted.",
     )
-    for (direction, cause, queue), n in sorted(book.events_total.items()):
+    # Every queue with elastic jobs gets each series from 0: `increase` sees no first increment
+    # of a counter that appears at 1.
+    queues = {job.cluster_queue for job in book.jobs.values() if job.cluster_queue}
+    counts = Counter({(d, c, q): 0 for q in queues for d in ("up", "down") for c in CAUSES})
+    counts.update(book.events_total)
+    for (direction, cause, queue), n in sorted(counts.items()):
         events.add(
             [
                 ("direction", direction),
@@ -105,11 +117,13 @@ def _events(book: ElasticBook) -> Iterable[Family]:
             n,
         )
     failures = Family(
-        "topowatch_elastic_scale_failures_total",
+        "topowatch_elastic_scale_failures",
         COUNTER,
         "Scale-ups that failed, by the phase they never reached.",
     )
-    for (queue, phase), n in sorted(book.failures_total.items()):
+    failed = Counter({(q, p): 0 for q in queues for p in FAILURE_PHASES})
+    failed.update(book.failures_total)
+    for (queue, phase), n in sorted(failed.items()):
         failures.add([("cluster_queue", queue), ("team", team_of(queue)), ("phase", phase)], n)
     phases = Family(
         "topowatch_elastic_scale_up_phase_seconds",

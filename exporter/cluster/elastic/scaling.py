@@ -36,6 +36,8 @@ from exporter.cluster.objects import ElasticJob, Workload
 HYPERPOD_KIND: Final = "HyperPodPyTorchJob"
 KUEUE_JOB_KIND: Final = "Job"
 PHASES: Final = ("requested", "admitted", "scheduled", "ready", "restarted")
+CAUSES: Final = ("capacity_freed", "preemption", "faulty_pod", "user_change", "unknown")
+FAILURE_PHASES: Final = ("admission", "scheduling", "ready", "restart")
 PHASE_BUCKETS: Final = (5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 # A scale-down's cause is settled by the job's next status (isFaultyPodScaleDown) within this
 # long; a spec change this recent makes a resize a user change.

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 from exporter.cluster import views
-from exporter.cluster.explain import explain_text
+from exporter.cluster.explain import explain_text, job_text
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import Node, Pod
 from exporter.cluster.ui.svg import (
@@ -219,6 +219,15 @@ def workload_page(view: Mapping[str, Any]) -> str:
                 f"<td>{int(pod['gpus'])}</td><td>{escape(str(pod['phase']))}</td></tr>"
             )
         body.append("</table>")
+    elastic = view.get("elastic")
+    if elastic:
+        job_link = (
+            f"/ui/jobs/{quote(elastic['namespace'], safe='')}/{quote(elastic['name'], safe='')}"
+        )
+        body.append(
+            f'<h2>Elastic job <a href="{escape(job_link)}">{escape(str(elastic["name"]))}</a></h2>'
+            f"<p>{escape(str(elastic['summary']))}</p>" + _scale_table(elastic["scale_events"])
+        )
     suffered = view.get("preemptions_suffered", [])
     caused = view.get("preemptions_caused", [])
     if suffered:
@@ -226,6 +235,51 @@ def workload_page(view: Mapping[str, Any]) -> str:
     if caused:
         body.append("<h2>Preempted others</h2>" + _preemption_table(caused))
     return _page(key, "".join(body))
+
+
+def job_page(job: Mapping[str, Any]) -> str:
+    """An elastic job: size against its bounds, scale events, size history, preemptions."""
+    key = f"{job['namespace']}/{job['name']}"
+    body = [
+        f'<h1>{escape(key)}</h1><p class="status">{escape(str(job["kind"]))}:'
+        f" <b>{escape(str(job['summary']))}</b></p>",
+        f'<h2>Explanation</h2><pre class="explain">{escape(job_text(job))}</pre>',
+        "<h2>Scale events</h2>" + _scale_table(job["scale_events"]),
+    ]
+    if job.get("preemptions"):
+        body.append("<h2>Preempted by</h2>" + _preemption_table(job["preemptions"]))
+    return _page(key, "".join(body))
+
+
+def _scale_table(events: Sequence[Mapping[str, Any]]) -> str:
+    if not events:
+        return "<p>No scale events recorded.</p>"
+    out = [
+        '<table class="scale-events"><tr><th>time</th><th>direction</th><th>replicas</th>'
+        "<th>cause</th><th>seconds to admitted / scheduled / ready / restarted</th>"
+        "<th>outcome</th></tr>"
+    ]
+    for e in events:
+        took = e.get("seconds_to") or {}
+        phases = " / ".join(
+            f"{took[p]:.0f}" if p in took else "-"
+            for p in ("admitted", "scheduled", "ready", "restarted")
+        )
+        outcome = (
+            f"failed before {e['failed_phase']}: {e['failed']}"
+            if e.get("failed")
+            else ("done" if e.get("done") else "in progress")
+        )
+        replicas = f"{e['from_replicas'] if e['from_replicas'] is not None else '?'} → " + (
+            f"{e['to_replicas'] if e['to_replicas'] is not None else '?'}"
+        )
+        out.append(
+            f"<tr><td>{escape(str(e['time']))}</td><td>{escape(str(e['direction']))}</td>"
+            f"<td>{escape(replicas)}</td><td>{escape(str(e['cause']))}</td>"
+            f"<td>{escape(phases)}</td><td>{escape(outcome)}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
 
 
 def preemptions_page(records: Sequence[Mapping[str, Any]]) -> str:
