@@ -20,6 +20,7 @@ import pytest
 from exporter.cluster import informers as informers_module
 from exporter.cluster.informers import WATCHED, InformerSet, InformerStatus, Watched
 from exporter.sim.kubeapi.server import Exchange, FakeApiServer, ObjectStore
+from exporter.sim.kubeapi.store import CORE_RESOURCES, KUEUE_RESOURCES
 from tests.conftest import free_port
 from tests.test_sim_apiserver import pod, workload_v1beta2
 
@@ -457,12 +458,30 @@ def test_old_kueue_is_read_at_v1beta1(
         assert "domains" in str(sink.state["Workload"][("team-a", "job-2")])
 
 
+def test_an_absent_optional_crd_counts_as_synced_and_says_so(
+    informers: Callable[..., tuple[InformerSet, Sink]],
+) -> None:
+    """HyperPod's training operator may not be installed: its kind must not hold readiness
+    (nor the preemption verdicts that wait for every required kind's first list)."""
+    bare = ObjectStore(resources=CORE_RESOURCES + KUEUE_RESOURCES)
+    bare.upsert("nodes", {"metadata": {"name": "n1"}})
+    with FakeApiServer(bare) as server:
+        informer_set, sink = informers(url=server.url)
+        assert informer_set.wait_synced(10)
+        status = status_of(informer_set, "HyperPodPyTorchJob")
+        assert status.absent and status.version is None
+        assert status.errors["not_served"] >= 1
+        assert "HyperPodPyTorchJob" not in informer_set.required_kinds
+        assert "HyperPodPyTorchJob" not in sink.state  # nothing listed, nothing invented
+        assert all(not s.absent for s in informer_set.status() if s.kind != "HyperPodPyTorchJob")
+
+
 def test_without_kueue_core_informers_sync_and_kueue_ones_say_why(
     store: ObjectStore,
     informers: Callable[..., tuple[InformerSet, Sink]],
     backoffs: list[tuple[str, float]],
 ) -> None:
-    core = ("Node", "Pod", "Event")
+    core = ("Node", "Pod", "Event", "HyperPodPyTorchJob")  # the store serves HyperPod's CRD
     with FakeApiServer(store, kueue_versions=()) as no_kueue:
         # Long watches: were stop() not to cut them, they would hold their threads for minutes.
         informer_set, sink = informers(url=no_kueue.url, watch_timeout_s=300)
