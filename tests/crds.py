@@ -1,5 +1,10 @@
 """Validate Kueue objects against the real Kueue CRD schemas, as strictly as the API server.
 
+HyperPodPyTorchJobs (sagemaker.amazonaws.com) are validated the same way against our own
+reconstruction of their CRD, tests/fixtures/hyperpod/hyperpodpytorchjob-crd.yaml (the operator
+is closed source; that file's header says what is known and what is not):
+`crd_validator(group, kind, version)` / `assert_valid` take either group.
+
 The API server prunes fields a structural schema does not know, silently. A fixture with a
 misspelled field would then test something no cluster ever stores, so here an unknown field
 is an error: every object schema that lists `properties` is closed (additionalProperties:
@@ -19,6 +24,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from functools import cache, lru_cache
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -31,7 +37,18 @@ Checker = Callable[[Mapping[str, Any]], list[str]]
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+KUEUE_GROUP = "kueue.x-k8s.io"
+HYPERPOD_GROUP = "sagemaker.amazonaws.com"
+HYPERPOD_CRD = Path(__file__).parent / "fixtures" / "hyperpod" / "hyperpodpytorchjob-crd.yaml"
 _RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+
+
+def _load(path: Path) -> Mapping[str, Any]:
+    with path.open() as handle:
+        crd: Mapping[str, Any] = yaml.load(
+            handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        )
+    return crd
 
 
 @lru_cache(maxsize=1)
@@ -39,10 +56,20 @@ def _crds() -> dict[str, Mapping[str, Any]]:
     """Kind -> CRD, from the reference copy of Kueue's config/components/crd/bases."""
     found: dict[str, Mapping[str, Any]] = {}
     for path in sorted(reference("kueue/crds").glob("*.yaml")):
-        with path.open() as handle:
-            crd = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        crd = _load(path)
         found[crd["spec"]["names"]["kind"]] = crd
     return found
+
+
+@lru_cache(maxsize=2)
+def _group_crds(group: str) -> dict[str, Mapping[str, Any]]:
+    """Kind -> CRD for one API group: Kueue's real CRDs, or our HyperPod reconstruction."""
+    if group == KUEUE_GROUP:
+        return _crds()
+    if group == HYPERPOD_GROUP:
+        crd = _load(HYPERPOD_CRD)
+        return {crd["spec"]["names"]["kind"]: crd}
+    raise AssertionError(f"no CRDs known for group {group!r}")
 
 
 def _strict(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -156,9 +183,17 @@ def _metadata_problems(obj: Mapping[str, Any], crd: Mapping[str, Any], version: 
 @cache
 def kueue_validator(kind: str, version: str) -> Checker:
     """A function listing every way an object breaks the `kind` CRD's `version` schema."""
-    crd = _crds().get(kind)
+    return crd_validator(KUEUE_GROUP, kind, version)
+
+
+@cache
+def crd_validator(group: str, kind: str, version: str) -> Checker:
+    """A function listing every way an object breaks `group`'s `kind` CRD, `version` schema."""
+    crds = _group_crds(group)
+    crd = crds.get(kind)
     if crd is None:
-        raise AssertionError(f"no Kueue CRD of kind {kind!r}; known: {sorted(_crds())}")
+        label = "Kueue" if group == KUEUE_GROUP else group
+        raise AssertionError(f"no {label} CRD of kind {kind!r}; known: {sorted(crds)}")
     served = {v["name"]: v for v in crd["spec"]["versions"] if v.get("served")}
     if version not in served:
         raise AssertionError(f"{kind} {version!r} is not served; served: {sorted(served)}")
@@ -176,14 +211,23 @@ def kueue_validator(kind: str, version: str) -> Checker:
 
 def assert_valid_kueue(obj: Mapping[str, Any]) -> None:
     """Raise AssertionError listing every violation of the CRD named by obj's apiVersion/kind."""
+    _assert_valid(obj, (KUEUE_GROUP,))
+
+
+def assert_valid(obj: Mapping[str, Any]) -> None:
+    """assert_valid_kueue for a Kueue object or a HyperPodPyTorchJob."""
+    _assert_valid(obj, (KUEUE_GROUP, HYPERPOD_GROUP))
+
+
+def _assert_valid(obj: Mapping[str, Any], groups: tuple[str, ...]) -> None:
     api_version = obj.get("apiVersion")
     kind = obj.get("kind")
     if not isinstance(api_version, str) or "/" not in api_version or not isinstance(kind, str):
         raise AssertionError(f"not a Kueue object: apiVersion={api_version!r}, kind={kind!r}")
     group, version = api_version.split("/", 1)
-    if group != "kueue.x-k8s.io":
-        raise AssertionError(f"apiVersion {api_version!r} is not in the kueue.x-k8s.io group")
-    problems = kueue_validator(kind, version)(obj)
+    if group not in groups:
+        raise AssertionError(f"apiVersion {api_version!r} is not in the {groups[0]} group")
+    problems = crd_validator(group, kind, version)(obj)
     if problems:
         name = (
             obj.get("metadata", {}).get("name")

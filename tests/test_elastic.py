@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from exporter.cluster.elastic.idle import Integrator, split
-from exporter.cluster.elastic.views import explained_workload, find_job, idle_view, job_view
+from exporter.cluster.elastic_views import explained_workload, find_job, idle_view, job_view
 from exporter.cluster.explain import explain_text, job_text, model_from_objects
 from exporter.cluster.metrics import render
 from exporter.cluster.model import ClusterModel

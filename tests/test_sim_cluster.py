@@ -457,7 +457,8 @@ def test_quota_nodes_and_placements_stay_consistent(store: MemoryStore) -> None:
 
         per_node: Counter[str] = Counter()
         for pod in store.items("pods"):
-            per_node[pod["spec"]["nodeName"]] += pod_gpus(pod)
+            if "nodeName" in pod["spec"]:  # an elastic Job's gated pods are not bound yet
+                per_node[pod["spec"]["nodeName"]] += pod_gpus(pod)
         assert all(used <= allocatable[node] for node, used in per_node.items()), now
         if int(now) % 20:
             continue
@@ -481,7 +482,7 @@ def test_quota_nodes_and_placements_stay_consistent(store: MemoryStore) -> None:
             on_node = {
                 p["metadata"]["name"]: pod_gpus(p)
                 for p in store.items("pods")
-                if p["spec"]["nodeName"] == node
+                if p["spec"].get("nodeName") == node
             }
             assert dict(held) == on_node
     assert borrowed_seen > 0  # the run did exercise borrowing
@@ -545,7 +546,7 @@ def test_every_kueue_object_validates_against_the_crds() -> None:
     assert any(
         "admission" in obj["status"] and "requeueState" in obj["status"]
         for op, p, obj in store.log
-        if p == "workloads"
+        if p == "workloads" and op == "upsert"
     )
 
 

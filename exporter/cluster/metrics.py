@@ -10,9 +10,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from exporter.cluster import efa_remotes
+from exporter.cluster import efa_remotes, elastic_metrics
 from exporter.cluster.capacity.quota import Answer, QuotaTree
-from exporter.cluster.elastic import families as elastic_families
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import GPU_RESOURCE, ClusterQueue, team_of
 from exporter.exposition import (
@@ -40,7 +39,7 @@ def render(model: ClusterModel, workload_cap: int = 2000, now: float | None = No
         *_preemption_families(model),
         *_queue_families(model),
         *_model_families(model),
-        *elastic_families.render(model, now, workload_cap),
+        *elastic_metrics.render(model, now, workload_cap),
     ]
 
 

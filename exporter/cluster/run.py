@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import kubernetes
 import yaml
 
-from exporter.cluster.elastic.views import explained_workload, find_job, job_view
+from exporter.cluster.elastic_views import explained_workload, find_job, job_view
 from exporter.cluster.explain import (
     DumpError,
     explain_text,

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from exporter.cluster import metrics, views
-from exporter.cluster.elastic import views as elastic_views
+from exporter.cluster import elastic_views, metrics, views
 from exporter.cluster.informers import InformerSet
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.quota.advisor import AdvisorConfig, Recommendation, advise, fair_share_weights

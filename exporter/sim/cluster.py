@@ -8,6 +8,10 @@ simulation exactly as they would read a real cluster.
 Time is passed in: `step(now)` advances the simulation to `now`. Given the seed and the
 sequence of `now`s, the objects written are always the same, uids and names included.
 
+Elastic training jobs (HyperPodPyTorchJobs and Kueue-native elastic batch Jobs) are played by
+`exporter.sim.elastic.ElasticOperator`; this class hands it the admissions, evictions,
+finishes and deletions of their Workloads.
+
 Deliberate simplifications: evicted and finished pods vanish at once (no Terminating phase);
 Jobs are not written (the store serves no batch/v1), Workloads and Pods still name their Job
 and its uid; a preempted workload counts the eviction in `status.requeueState.count` (real
@@ -18,10 +22,10 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import uuid
 
 from exporter.sim import hyperpod_layout as layout
+from exporter.sim.elastic import ElasticOperator
 from exporter.sim.hyperpod_layout import ClusterShape, SimNode, default_shape
 from exporter.sim.job_arrivals import JobArrivals, JobRequest
 from exporter.sim.kueue import objects as ko
@@ -47,8 +51,8 @@ DEFAULT_START = 1_795_000_000.0  # a fixed epoch (2026-11-18) keeps default runs
 FINISHED_RETENTION_S = 300.0  # finished Workloads are deleted this long after finishing
 ABANDON_AFTER_S = 900.0  # a random job still pending this long is deleted by its owner
 MIN_RUN_S = 30.0  # a requeued job still needs at least this long to finish
-JOB_NAME = re.compile(r"(?=.{1,40}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # room for Kueue's prefixes
-POD_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery rand.String
+JOB_NAME = layout.JOB_NAME
+POD_NAME_ALPHABET = layout.POD_NAME_ALPHABET
 
 
 class SimulatedCluster:
@@ -58,7 +62,14 @@ class SimulatedCluster:
         shape: ClusterShape = DEFAULT_SHAPE,
         seed: int = 0,
         start: float = DEFAULT_START,
+        elastic: bool | None = None,
     ) -> None:
+        """`elastic`: run elastic training jobs (exporter.sim.elastic): the shape's bootstrap
+        elastic jobs and elastic arrivals. None (the default) turns them on for a living
+        cluster (random arrivals or initial workloads) and off for a fully scripted one, whose
+        tests expect an empty cluster; True or False decides outright."""
+        if elastic is None:
+            elastic = shape.arrivals_per_minute > 0 or shape.initial_workloads > 0
         self._shape = shape
         self._rng = random.Random(seed)
         self._out = ApiOutput(writer, self._uid)
@@ -76,9 +87,11 @@ class SimulatedCluster:
         self._workloads: dict[str, ko.SimWorkload] = {}
         self._uids: dict[str, str] = {}
         self._job_seq = 0
-        mix = [t for t in layout.JOB_MIX if t.flavor in flavors]
+        templates = layout.JOB_MIX + (layout.ELASTIC_MIX if elastic else ())
+        mix = [t for t in templates if t.flavor in flavors]
         self._arrivals = JobArrivals(shape, mix, self._rng, start)
         self._booted = False
+        self._elastic = ElasticOperator(self, enabled=elastic and layout.P5 in flavors)
 
     # --- public API -------------------------------------------------------------------------
 
@@ -110,14 +123,23 @@ class SimulatedCluster:
         for name, value, text in layout.PRIORITY_CLASSES:
             pc = ko.priority_class_manifest(name, value, text, self._uid_of(name), t)
             self._out.put("workloadpriorityclasses", pc)
+        if self._elastic.enabled:
+            name, value, text = layout.ELASTIC_PRIORITY_CLASS
+            pc = ko.priority_class_manifest(name, value, text, self._uid_of(name), t)
+            self._out.put("workloadpriorityclasses", pc)
         cohort = ko.cohort_manifest(layout.COHORT, self._uid_of(layout.COHORT), t)
         self._out.put("cohorts", cohort)
+        if self._elastic.enabled:  # elastic jobs were running before the queued random ones
+            self._elastic.bootstrap(t)
+            self._clock = t
+            self._schedule()
         for _ in range(self._shape.initial_workloads):
             job = self._arrivals.sample(t - self._rng.uniform(30.0, 600.0))
             if job is not None:
                 self._submit_random(job)
         self._clock = t
         self._schedule()
+        self._elastic.tick(t, warm=True)
         self._write_queues()
 
     def step(self, now: float) -> None:
@@ -137,6 +159,7 @@ class SimulatedCluster:
             self._submit_random(job)
         self._now = self._clock = now
         self._schedule()
+        self._elastic.tick(now)
         self._collect_garbage()
         self._write_queues()
 
@@ -184,6 +207,76 @@ class SimulatedCluster:
         w.scripted = True
         return w.name
 
+    def submit_elastic(
+        self,
+        team: str,
+        name: str,
+        min_replicas: int,
+        max_replicas: int,
+        step: int | None = 1,
+        discrete: tuple[int, ...] | None = None,
+        priority_class: str = "training-priority",
+        now: float | None = None,
+        runtime_s: float = 3600.0,
+        scaling_timeout_s: float = 120.0,
+        snooze_s: float = 60.0,
+    ) -> str:
+        """Submit HyperPodPyTorchJob `name` (one replica = one pod = one whole p5 node), which
+        starts at `min_replicas` and grows by `step` replicas (or through the `discrete`
+        sizes) up to `max_replicas`; returns its base Workload's name. See
+        exporter.sim.elastic for what the simulated training operator does with it.
+        Raises ValueError for a bad name, team, class or bounds, or with elastic jobs off."""
+        self.bootstrap()
+        self._clock = self._now if now is None else now
+        return self._elastic.submit_hyperpod(
+            team,
+            name,
+            min_replicas,
+            max_replicas,
+            step,
+            discrete,
+            priority_class,
+            runtime_s,
+            scaling_timeout_s,
+            snooze_s,
+        )
+
+    def submit_elastic_batch(
+        self,
+        team: str,
+        name: str,
+        pods: int,
+        gpus_per_pod: int = 4,
+        priority_class: str = "fine-tuning-priority",
+        now: float | None = None,
+        runtime_s: float = 3600.0,
+        resize_after_s: float = 60.0,
+    ) -> str:
+        """Submit a Kueue-native elastic batch Job (ElasticJobsViaWorkloadSlices) of `pods`
+        pods; it first resizes `resize_after_s` after its first admission, and again every
+        few minutes; returns its first (origin) slice's name. Use `resize_elastic_batch` to
+        resize it by hand. Raises ValueError as `submit_elastic` does."""
+        self.bootstrap()
+        self._clock = self._now if now is None else now
+        return self._elastic.submit_slice(
+            team, name, pods, gpus_per_pod, priority_class, runtime_s, resize_after_s
+        )
+
+    def resize_elastic_batch(self, namespace: str, job: str, pods: int) -> str:
+        """Resize the Kueue-native elastic Job `job` to `pods` pods now: a larger size makes a
+        new workload slice (returned), a smaller one changes the current slice in place
+        (returned too). Raises ValueError for an unknown job, a size below one, or while a
+        replacement slice still waits for admission."""
+        self.bootstrap()
+        return self._elastic.resize_slice(namespace, job, pods, self._now)
+
+    def fault_pod(self, namespace: str, job: str) -> str:
+        """Make one pod of HyperPodPyTorchJob `job`'s newest admitted scale-up fail now; the
+        operator scales that increment down after faultyScaleDownTimeoutInSeconds. Returns the
+        pod's name; raises ValueError for an unknown job or one with no admitted scale-up."""
+        self.bootstrap()
+        return self._elastic.fault_pod(namespace, job, self._now)
+
     def cordon(self, node: str, health: str = "UnschedulablePendingReplacement") -> None:
         """Set HyperPod's health label on `node`; anything but Schedulable also cordons it, so
         no new pods land there (running ones stay until their job ends)."""
@@ -228,14 +321,23 @@ class SimulatedCluster:
 
     def _admit(self, w: ko.SimWorkload, placement: tuple[tuple[str, int], ...]) -> None:
         now, cq = self._clock, w.cluster_queue
+        new_pods = placement
+        if w.carried:  # a workload slice: its admission covers the pods it takes over too
+            placement = _merge(w.carried, placement)
+            replaced = self._workloads.get(w.replaces or "")
+            if replaced is not None and replaced.key in self._state.holdings:
+                self._state.remove(self._state.holdings[replaced.key])
         self._state.add(Holding(w.key, cq, w.flavor, w.priority, now, w.gpus_per_pod, placement))
         ks.mark_admitted(w, placement, now)
         waited = now - w.queued_at
         w.phase, w.nominated, w.pending_message = "admitted", False, ""
         w.started, w.finish_at = now, now + w.remaining
-        for node, count in placement:
-            for _ in range(count):
-                self._start_pod(w, node)
+        if w.elastic:
+            self._elastic.on_admitted(w, new_pods)
+        else:
+            for node, count in placement:
+                for _ in range(count):
+                    self._start_pod(w, node)
         self._write_workload(w)
         self._out.event(w, "QuotaReserved", ks.quota_reserved_note(cq, waited), now)
         self._out.event(w, "Admitted", ks.admitted_note(cq), now)
@@ -262,12 +364,16 @@ class SimulatedCluster:
         victim.remaining = max(MIN_RUN_S, victim.remaining - ran)
         victim.started = victim.finish_at = None
         self._write_workload(victim)
+        if victim.elastic:
+            self._elastic.on_evicted(victim)
 
     def _finish(self, w: ko.SimWorkload) -> None:
         self._release(w)
         ks.mark_finished(w, self._clock)
         w.phase, w.finished_at, w.finish_at = "finished", self._clock, None
         self._write_workload(w)
+        if w.elastic:
+            self._elastic.on_finished(w)
 
     def _release(self, w: ko.SimWorkload) -> None:
         if w.key in self._state.holdings:
@@ -334,6 +440,9 @@ class SimulatedCluster:
         self._job_seq += 1
         t = job.template
         name = f"{job.team}-{t.stem}-{self._job_seq:04d}"
+        if t.elastic:
+            self._elastic.submit_random(job, name)
+            return
         self._new_workload(
             job.team,
             name,
@@ -368,6 +477,9 @@ class SimulatedCluster:
             if done or abandoned:
                 self._out.drop("workloads", w.namespace, w.name)
                 del self._workloads[key]
+                if w.elastic:
+                    self._release(w)  # an abandoned slice's gated pods go with it
+                    self._elastic.on_deleted(w)
         self._out.expire_events(now)
 
     # --- writing ------------------------------------------------------------------------------
@@ -441,6 +553,19 @@ def _slot(node: SimNode, flavors: dict[str, FlavorSpec]) -> NodeSlot:
 
 
 def _demand(w: ko.SimWorkload) -> Demand:
+    """What `w` asks of the scheduler; a workload slice asks only for the pods its replaced
+    slice does not already hold (Kueue counts the old slice's usage as the new one's)."""
     mode: Mode = w.topology[0] if w.topology else "unconstrained"
     level = w.topology[1] if w.topology else None
-    return Demand(w.key, w.cluster_queue, w.flavor, w.pods, w.gpus_per_pod, w.priority, mode, level)
+    pods = w.pods - sum(count for _, count in w.carried)
+    return Demand(w.key, w.cluster_queue, w.flavor, pods, w.gpus_per_pod, w.priority, mode, level)
+
+
+def _merge(
+    first: tuple[tuple[str, int], ...], second: tuple[tuple[str, int], ...]
+) -> tuple[tuple[str, int], ...]:
+    """Two placements as one: pods per node, nodes in first-seen order."""
+    merged: dict[str, int] = {}
+    for node, count in (*first, *second):
+        merged[node] = merged.get(node, 0) + count
+    return tuple(merged.items())

@@ -13,6 +13,7 @@ quota, half of it lendable to the cohort, and may borrow as much again.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -33,6 +34,9 @@ ZONE = ZONE_KEY
 REGION = REGION_KEY
 INSTANCE_TYPE = INSTANCE_TYPE_KEY
 HEALTH = HEALTH_STATUS_KEY
+
+JOB_NAME = re.compile(r"(?=.{1,40}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # room for Kueue's prefixes
+POD_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery rand.String
 
 P5 = "ml.p5.48xlarge"
 GB200 = "ml.p6e-gb200.36xlarge"
@@ -58,7 +62,15 @@ PRIORITY_CLASSES: tuple[tuple[str, int, str], ...] = (
     ("training-priority", 70, "Pre-training and large distributed training"),
     ("fine-tuning-priority", 50, "Fine-tuning jobs; first to yield"),
 )
-PRIORITY = {name: value for name, value, _ in PRIORITY_CLASSES}
+# The low class HyperPod elastic scale-up Workloads are queued at, below every class above, so
+# Kueue preempts scale-ups first (AWS's "base"/"elastic" pattern: the reference's section 1.2
+# and 1.4). Written only when the simulation runs elastic jobs.
+ELASTIC_PRIORITY_CLASS = (
+    "elastic-priority",
+    40,
+    "Elastic scale-up increments of training jobs: the first to yield",
+)
+PRIORITY = {name: value for name, value, _ in (*PRIORITY_CLASSES, ELASTIC_PRIORITY_CLASS)}
 BORROW_MAX_PRIORITY = PRIORITY["fine-tuning-priority"]
 
 
@@ -77,6 +89,10 @@ class ClusterShape:
     teams: tuple[str, ...] = ("llm", "vision", "research")
     arrivals_per_minute: float = 2.3  # random job arrivals; 0 for a fully scripted cluster
     initial_workloads: int = 12  # random jobs already queued when the cluster boots
+    # elastic jobs running when the cluster boots (exporter/sim/elastic.py), when elastic jobs
+    # are on: HyperPodPyTorchJobs, and Kueue-native elastic batch Jobs
+    elastic_hyperpod_jobs: int = 2
+    elastic_batch_jobs: int = 1
 
 
 def default_shape() -> ClusterShape:
@@ -195,6 +211,7 @@ class JobTemplate:
     topology: tuple[Mode, str] | None
     runtime: tuple[float, float]  # seconds
     weight: float
+    elastic: str = ""  # "hyperpod" | "slice": an elastic job (exporter/sim/elastic.py)
 
 
 _INFER, _EXPERIMENT, _TRAIN, _TUNE = (name for name, _, _ in PRIORITY_CLASSES)
@@ -211,4 +228,14 @@ JOB_MIX: tuple[JobTemplate, ...] = (
     JobTemplate("finetune", _TUNE, P5, (1, 3), (8,), _L3_PREFERRED, (180, 420), 0.26),
     JobTemplate("us-train", _TRAIN, GB200, (4, 9), (4,), _US_REQUIRED, (240, 540), 0.07),
     JobTemplate("us-tune", _TUNE, GB200, (1, 4), (4,), _US_PREFERRED, (180, 360), 0.05),
+)
+
+# Elastic arrivals, added to the mix when the simulation runs elastic jobs: HyperPodPyTorchJobs
+# (pods = minReplicas; they grow to maxReplicas by scale-up Workloads) and Kueue-native elastic
+# batch Jobs (pods = the first slice's size). Shares relative to JOB_MIX (which sums to 1.0):
+# with the bootstrap elastic jobs and the several Workloads each keeps, elastic jobs own about
+# a fifth of the Workloads over time.
+ELASTIC_MIX: tuple[JobTemplate, ...] = (
+    JobTemplate("elastic", _TRAIN, P5, (2, 2), (8,), None, (1200, 2700), 0.025, "hyperpod"),
+    JobTemplate("elastic-batch", _TUNE, P5, (1, 2), (4,), None, (900, 1800), 0.015, "slice"),
 )

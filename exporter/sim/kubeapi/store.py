@@ -75,6 +75,13 @@ KUEUE_RESOURCES: tuple[Resource, ...] = tuple(
     )
 )
 
+# The SageMaker HyperPod training operator's job CRD (group, version, plural: the reference's
+# hyperpod/elastic-training-and-deep-health.md section 1.1). A plain single-version group:
+# no conversion, served and stored at v1.
+HYPERPOD_RESOURCES: tuple[Resource, ...] = (
+    Resource("sagemaker.amazonaws.com", "v1", "hyperpodpytorchjobs", "HyperPodPyTorchJob", True),
+)
+
 
 # ---------------------------------------------------------------------------------------
 # The store
@@ -220,7 +227,7 @@ class ObjectStore:
 
     def __init__(
         self,
-        resources: Iterable[Resource] = CORE_RESOURCES + KUEUE_RESOURCES,
+        resources: Iterable[Resource] = CORE_RESOURCES + KUEUE_RESOURCES + HYPERPOD_RESOURCES,
         history: int = 10_000,
         *,
         clock: Callable[[], float] = time.time,

@@ -59,6 +59,10 @@ class SimPod:
     node: str
     gpu_indices: tuple[int, ...]
     created: float
+    # Elastic jobs only (exporter/sim/elastic.py): when the container became ready (None:
+    # still starting) and when it failed (a faulty pod awaiting the operator's scale-down).
+    ready_at: float | None = None
+    failed_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -96,6 +100,17 @@ class SimWorkload:
     requeue_at: float | None = None
     evictions: int = 0
     sim_pods: list[SimPod] = field(default_factory=list)
+    # Elastic jobs (exporter/sim/elastic.py): who owns the Workload, its extra annotations,
+    # which elastic kind it is ("" for a plain Job), the placement carried over from the
+    # workload slice it replaces (only its other pods are asked of the scheduler) and that
+    # slice's key.
+    owner_api: str = "batch/v1"
+    owner_kind: str = "Job"
+    annotations: dict[str, str] = field(default_factory=dict)
+    elastic: str = ""  # "" | "hyperpod" | "slice"
+    carried: tuple[tuple[str, int], ...] = ()
+    replaces: str | None = None
+    container: Obj | None = None  # the pod template's container, when not the Job default
 
     @property
     def key(self) -> str:
@@ -450,6 +465,8 @@ def local_queue_manifest(
 
 
 def _container(w: SimWorkload) -> Obj:
+    if w.container is not None:
+        return dict(w.container)
     gpus = {GPU: quantity(w.gpus_per_pod)}
     return {
         "name": CONTAINER,
@@ -479,8 +496,8 @@ def _pod_template(w: SimWorkload, instance_label: str) -> Obj:
 def _owner(w: SimWorkload) -> list[Obj]:
     return [
         {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
+            "apiVersion": w.owner_api,
+            "kind": w.owner_kind,
             "name": w.job,
             "uid": w.job_uid,
             "controller": True,
@@ -492,6 +509,8 @@ def _owner(w: SimWorkload) -> list[Obj]:
 def workload_manifest(w: SimWorkload, instance_label: str) -> Obj:
     m = meta(w.name, w.uid, w.created, w.namespace)
     m["labels"] = {JOB_UID_LABEL: w.job_uid}
+    if w.annotations:
+        m["annotations"] = dict(w.annotations)
     m["ownerReferences"] = _owner(w)
     if w.phase == "admitted":
         m["finalizers"] = [RESOURCE_IN_USE]

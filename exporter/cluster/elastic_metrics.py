@@ -41,7 +41,9 @@ def render(model: ClusterModel, now: float | None, cap: int) -> Iterable[Family]
         COUNTER,
         "GPU-seconds elastic jobs ran above their minimum replicas: idle capacity they used.",
     )
-    for (flavor, team), seconds in sorted(model.idle.absorbed(at).items()):
+    seconds_by = {(j.flavor, team_of(j.cluster_queue)): 0.0 for j in book.jobs.values()}
+    seconds_by.update(model.idle.absorbed(at))  # every elastic job's team from 0, as above
+    for (flavor, team), seconds in sorted(seconds_by.items()):
         absorbed.add([("flavor", flavor), ("team", team)], seconds)
     yield idle
     yield absorbed
