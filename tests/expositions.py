@@ -161,7 +161,9 @@ def simulated_world() -> SimulatedWorld:
     watch do: what happened in between (admissions, preemptions) happened while it watched."""
     now = START
     store = ObjectStore(clock=lambda: now)
-    cluster = SimulatedCluster(store, seed=0, start=START)
+    # Without elastic jobs: the placement scenario below (the spread job, EFA remote errors)
+    # needs the capacity they would take. `elastic_cluster_exposition` has them.
+    cluster = SimulatedCluster(store, seed=0, start=START, elastic=False)
     cluster.bootstrap()
     clock = [START]
     controller = RemediationController(PolicyConfig(), [], clock=lambda: clock[0])
@@ -285,7 +287,26 @@ def expositions() -> dict[str, bytes]:
     }
     out["node/deployment-fault"] = deployment_fault_exposition("hyperpod-i-0ffffffffffffffff")
     out["cluster"] = world.service.metrics_body(openmetrics=False)
+    out["cluster/elastic"] = elastic_cluster_exposition()
     return out
+
+
+def elastic_cluster_exposition() -> bytes:
+    """The default simulated cluster with its elastic jobs, a few simulated minutes in."""
+    now = START
+    store = ObjectStore(clock=lambda: now)
+    cluster = SimulatedCluster(store, seed=0, start=START, elastic=True)
+    cluster.bootstrap()
+    clock = [START]
+    service = ClusterService(clock=lambda: clock[0])
+    for kind, plural in _PLURALS:
+        service.replace(kind, [dict(obj, kind=kind) for obj in store.items(plural)])
+    for tick in range(1, SIMULATED_MINUTES * 6 + 1):
+        now = clock[0] = START + 10.0 * tick
+        cluster.step(now)
+        for kind, plural in _PLURALS:
+            service.replace(kind, [dict(obj, kind=kind) for obj in store.items(plural)])
+    return service.metrics_body(openmetrics=False)
 
 
 @functools.cache

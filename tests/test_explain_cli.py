@@ -139,7 +139,7 @@ def test_explain_errors_are_plain(
 ) -> None:
     dump, _ = scenario
     code, _, err = run_cli(capsys, "explain", "--from", str(dump), f"{NS}/no-such-job")
-    assert code == 1 and f"workload {NS}/no-such-job is not in" in err
+    assert code == 1 and f"no workload or elastic job {NS}/no-such-job in" in err
     bad = tmp_path / "bad.yaml"
     bad.write_text("items: [\n")
     code, _, err = run_cli(capsys, "explain", "--from", str(bad), f"{NS}/x")

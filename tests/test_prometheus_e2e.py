@@ -36,10 +36,24 @@ pytestmark = pytest.mark.real_component
 RULES = Path(__file__).resolve().parents[1] / "rules" / "topowatch-alerts.yaml"
 
 # "dashboard: panel [refId]" -> why it has no data against this simulation
+_NO_ELASTIC = (
+    "the world here runs without elastic jobs (its placement scenario needs their capacity);"
+    " these series are checked against the elastic world in test_dashboards and test_elastic"
+)
 EXPECTED_EMPTY = {
     "health-remediation: Actions [A]": (
         "the controller runs in observe mode here: it decides and audits, nothing is acted on"
     ),
+    **{
+        f"task-governance: {panel}": _NO_ELASTIC
+        for panel in (
+            "Elastic job size vs bounds [A]",
+            *(f"Elastic jobs now [{ref}]" for ref in "ABCDE"),
+            "Scale events by direction and cause [A]",
+            "Scale-up failures by phase [A]",
+            "GPU-hours absorbed by elastic jobs per team [A]",
+        )
+    },
 }
 
 
