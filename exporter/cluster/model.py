@@ -400,25 +400,26 @@ class ClusterModel:
     def _apply_pod(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         key = (_namespace(obj), _name(obj))
         old = self.pods.pop(key, None)
+        touched: set[str] = set()  # nodes whose idle GPUs changed: told once, after both moves
         if old is not None:
             if old.holds_gpus:
                 self.tree.add_used(old.node, -old.gpus)
-                self._idle_node(old.node, now)
+                touched.add(old.node)
             self._ungroup(old)
-        if event_type == "DELETED":
-            if old is not None and old.holds_gpus:
-                self._remember_release(old, now)
-            if old is not None:
-                self._elastic_pods(old.owner_uid, now)
-            return
-        pod = parse_pod(obj)
-        self.pods[key] = pod
-        if pod.holds_gpus:
-            self.tree.add_used(pod.node, pod.gpus)
-            self._idle_node(pod.node, now)
-        self._group(pod)
-        self._elastic_pods(pod.owner_uid, now)
-        if old is not None and old.owner_uid != pod.owner_uid:
+        pod = parse_pod(obj) if event_type != "DELETED" else None
+        if pod is not None:
+            self.pods[key] = pod
+            if pod.holds_gpus:
+                self.tree.add_used(pod.node, pod.gpus)
+                touched.add(pod.node)
+            self._group(pod)
+        elif old is not None and old.holds_gpus:
+            self._remember_release(old, now)
+        for node in touched:
+            self._idle_node(node, now)
+        if pod is not None:
+            self._elastic_pods(pod.owner_uid, now)
+        if old is not None and (pod is None or old.owner_uid != pod.owner_uid):
             self._elastic_pods(old.owner_uid, now)
 
     def _apply_workload(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:

@@ -68,6 +68,7 @@ class ScaleEvent:
     failed: str = ""  # why it failed, "" when it did not
     failed_phase: str = ""  # the phase it never reached
     counted: bool = False
+    dedupe: tuple[str, str] = ("", "")  # its key in ElasticBook._event_of
 
     @property
     def done(self) -> bool:
@@ -432,9 +433,8 @@ class ElasticBook:
                 if recent is not None and 0 <= time - recent <= USER_CHANGE_WINDOW_S
                 else "capacity_freed"
             )
-        event = self._new(job, "up", start, end, workload.name, time, live)
+        event = self._new(job, (workload.uid, "up"), start, end, workload.name, time, live)
         event.phases["requested"] = time
-        self._event_of[(workload.uid, "up")] = event
         self._settle(event, cause)
 
     def _down(
@@ -451,8 +451,7 @@ class ElasticBook:
         key = (f"{workload.uid}:{end}" if tag == "resize" else workload.uid, "down")
         if key in self._event_of:
             return
-        event = self._new(job, "down", start, max(0, end), workload.name, time, live)
-        self._event_of[key] = event
+        event = self._new(job, key, start, max(0, end), workload.name, time, live)
         if cause:
             self._settle(event, cause)
         else:
@@ -461,7 +460,7 @@ class ElasticBook:
     def _new(
         self,
         job: JobState,
-        direction: str,
+        key: tuple[str, str],
         start: int | None,
         end: int | None,
         workload: str,
@@ -472,7 +471,7 @@ class ElasticBook:
         event = ScaleEvent(
             self._next_id,
             job.key,
-            direction,
+            key[1],
             start,
             end,
             "",
@@ -480,8 +479,12 @@ class ElasticBook:
             time,
             job.cluster_queue,
             live,
+            dedupe=key,
         )
+        if len(job.events) == job.events.maxlen:  # the oldest leaves the ledger: forget its key
+            self._event_of.pop(job.events[0].dedupe, None)
         job.events.append(event)
+        self._event_of[key] = event
         return event
 
     def _settle(self, event: ScaleEvent, cause: str) -> None:
@@ -557,8 +560,7 @@ class ElasticBook:
             if job.uid and self._by_uid.get(job.uid) == job.key:
                 del self._by_uid[job.uid]
             for event in job.events:
-                for direction in ("up", "down"):
-                    self._event_of.pop((event.workload, direction), None)
+                self._event_of.pop(event.dedupe, None)
 
 
 def _created(workload: Workload, now: float) -> float:
