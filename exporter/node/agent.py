@@ -8,6 +8,10 @@ agent is ready after its first poll unless that poll found NVML unusable because
 agent is deployed (library not mounted, no permission on the device files, no driver since
 start; `GpuInventory.deployment_errors`). Then /readyz answers 503 with the reason, so a bad
 DaemonSet rollout stalls on its first nodes and says why, while metrics keep being served.
+
+Series that are not the poller's (the health API's request counters) join each poll's
+exposition through `extra`: appended to the poller's bytes, never rendered twice, so they are
+as fresh as the poll, like every other series.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from exporter.exposition import EMPTY, Exposition
+from exporter.exposition import EMPTY, Exposition, Family
 from exporter.node.poller import Poller
 from exporter.snapshot import NodeSnapshot
 
@@ -34,10 +38,12 @@ class NodeAgent:
         poller: Poller,
         interval: float,
         on_snapshot: Callable[[NodeSnapshot], None] | None = None,
+        extra: Callable[[], Iterable[Family]] | None = None,
     ) -> None:
         self.poller = poller
         self.interval = interval
         self.on_snapshot = on_snapshot
+        self.extra = extra
         self.current: Exposition = EMPTY
         self.last_poll_monotonic: float | None = None
         self._deployment_error: str | None = None
@@ -46,6 +52,8 @@ class NodeAgent:
 
     def poll_once(self) -> NodeSnapshot:
         snapshot, exposition = self.poller.poll()
+        if self.extra is not None:
+            exposition = appended(exposition, Exposition.build(self.extra()))
         self.current = exposition  # one reference swap: scrapes see old or new, never a mix
         self._deployment_error = deployment_error(snapshot)
         self.last_poll_monotonic = time.monotonic()
@@ -115,6 +123,16 @@ class NodeAgent:
         if self.last_poll_monotonic is None:
             return self._thread is not None and self._thread.is_alive()
         return time.monotonic() - self.last_poll_monotonic < 3 * self.interval + 30
+
+
+OPENMETRICS_EOF = b"# EOF\n"
+
+
+def appended(first: Exposition, more: Exposition) -> Exposition:
+    """Both expositions' families in one: the text format concatenates, OpenMetrics keeps one
+    `# EOF`, at the end."""
+    head = first.openmetrics.removesuffix(OPENMETRICS_EOF)
+    return Exposition(text=first.text + more.text, openmetrics=head + more.openmetrics)
 
 
 def deployment_error(snapshot: NodeSnapshot) -> str | None:

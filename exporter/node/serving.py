@@ -1,4 +1,5 @@
-"""Serve the last rendered exposition over HTTP: /metrics, /healthz, /readyz.
+"""Serve the last rendered exposition over HTTP: /metrics, /healthz, /readyz, and the node's
+health findings on /api/v1/health for readers with no Kubernetes (`HealthApi`, health_api.py).
 
 A scrape never touches NVML or sysfs: it picks the current `Exposition` (an immutable pair of
 byte strings swapped in by the poll thread) and writes it. The server knows only "something that
@@ -12,15 +13,21 @@ import signal
 import socket
 import sys
 import threading
+import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Protocol
 
 from exporter.exposition import (
     OPENMETRICS_CONTENT_TYPE,
     TEXT_CONTENT_TYPE,
     Exposition,
+    Family,
     wants_openmetrics,
 )
+from exporter.node import health_api
+from exporter.node.health_api import HEALTH_PATH, Evaluation, Response
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +55,88 @@ class Startable(Protocol):
     def stop(self) -> None: ...
 
 
+class HealthEndpoint(Protocol):
+    """What answers /api/v1/health: `HealthApi`, or a test's stand-in."""
+
+    def respond(self, authorization: str | None) -> Response: ...
+
+
+class TokenFile:
+    """The bearer token in a file, read at start and again whenever the file's modification time
+    or size changes, so a rotated token takes effect without a restart. A re-read that fails
+    keeps the last token (a rotation writing the file in two steps must not lock readers out)
+    and says so once. The token itself is never logged."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp = self._stat()
+        self._token = self._read()
+        self._warned = False
+
+    def _stat(self) -> tuple[int, int]:
+        info = self.path.stat()
+        return (info.st_mtime_ns, info.st_size)
+
+    def _read(self) -> str:
+        """`ValueError` naming the file when it is empty: an empty token must not be in use."""
+        token = self.path.read_text(encoding="utf-8").strip()
+        if not token:
+            raise ValueError(f"health token file {self.path} is empty")
+        return token
+
+    def current(self) -> str:
+        try:
+            stamp = self._stat()
+            if stamp != self._stamp:
+                self._token, self._stamp = self._read(), stamp
+                log.info("health token file %s changed: token re-read", self.path)
+            self._warned = False
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            if not self._warned:
+                log.warning("cannot re-read health token file (%s); keeping the last token", e)
+                self._warned = True
+        return self._token
+
+
+class HealthApi:
+    """The node's side of /api/v1/health: the latest published findings (set by the poll
+    thread with `record`, one reference swap), the token, and a count of requests by outcome.
+    `token` None leaves the endpoint off (404)."""
+
+    def __init__(
+        self,
+        node: str,
+        token: TokenFile | None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self._token = token
+        self._clock = clock
+        self._evaluation: Evaluation | None = None
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def record(self, evaluation: Evaluation) -> None:
+        self._evaluation = evaluation
+
+    def respond(self, authorization: str | None) -> Response:
+        token = self._token.current() if self._token is not None else None
+        outcome, response = health_api.respond(
+            self.node, token, authorization, self._evaluation, self._clock()
+        )
+        with self._lock:
+            self._counts[outcome] = self._counts.get(outcome, 0) + 1
+        return response
+
+    def families(self) -> list[Family]:
+        with self._lock:
+            counts = dict(self._counts)
+        return [health_api.requests_family(self.node, counts)]
+
+
 class _MetricsHandler(BaseHTTPRequestHandler):
-    """GET /metrics, /healthz, /readyz. Keep-alive, quiet, with a socket timeout so a slow or
-    idle client cannot hold a thread forever."""
+    """GET /metrics, /healthz, /readyz, /api/v1/health. Keep-alive, quiet, with a socket
+    timeout so a slow or idle client cannot hold a thread forever."""
 
     protocol_version = "HTTP/1.1"
     timeout = 30
@@ -74,8 +160,24 @@ class _MetricsHandler(BaseHTTPRequestHandler):
                 self._send(200, "text/plain", b"ready\n")
             else:
                 self._send(503, "text/plain; charset=utf-8", f"{reason}\n".encode())
+        elif path == HEALTH_PATH:
+            self._send_health()
         else:
             self._send(404, "text/plain", b"not found: try /metrics\n")
+
+    def _send_health(self) -> None:
+        endpoint = self.server.health
+        authorization = self.headers.get("Authorization")
+        if endpoint is None:
+            _, answer = health_api.respond("", None, authorization, None, 0.0)
+        else:
+            answer = endpoint.respond(authorization)
+        self.send_response(answer.status)
+        for name, value in answer.headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(answer.body)))
+        self.end_headers()
+        self.wfile.write(answer.body)
 
     def _send(self, status: int, ctype: str, body: bytes, gzip_encoded: bool = False) -> None:
         self.send_response(status)
@@ -98,8 +200,11 @@ class MetricsServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, agent: Published, host: str, port: int) -> None:
+    def __init__(
+        self, agent: Published, host: str, port: int, health: HealthEndpoint | None = None
+    ) -> None:
         self.agent = agent
+        self.health = health
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), _MetricsHandler)
 
@@ -121,9 +226,9 @@ class _Served(Published, Startable, Protocol):
     pass
 
 
-def serve(agent: _Served, host: str, port: int) -> None:
+def serve(agent: _Served, host: str, port: int, health: HealthEndpoint | None = None) -> None:
     """Serve until SIGTERM or SIGINT, polling in the background meanwhile."""
-    server = MetricsServer(agent, host, port)
+    server = MetricsServer(agent, host, port, health)
     log.info("serving metrics on http://%s:%d/metrics", host, server.port)
 
     def stop(signum: int, _frame: object) -> None:
