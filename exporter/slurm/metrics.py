@@ -1,0 +1,178 @@
+"""Metric families of Slurm jobs' placement and pending reasons, one squeue cycle at a time.
+
+Where a family means what the Kueue side's means, it has the same name (exporter/cluster/
+metrics.py: `topowatch_workload_domains`, `topowatch_workload_worst_pair_hops`,
+`topowatch_workload_topology_satisfied`, `topowatch_workload_gpus`, `topowatch_pending_workloads`,
+`topowatch_cluster_workload_series_dropped`), with `scheduler="slurm"` and Slurm's job labels
+(`job_id`, `name`, `user`, `partition`) in place of Kueue's namespace/workload/cluster_queue.
+Slurm-only facts have `topowatch_slurm_` names.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from exporter.exposition import GAUGE, Family
+from exporter.slurm.jobs import SlurmJob
+from exporter.slurm.placement import JobPlacement, NodeState, judge_all
+from exporter.topology.labels import Placement
+
+__all__ = ["DEFAULT_JOB_CAP", "render", "slurm_families"]
+
+DEFAULT_JOB_CAP = 2000  # per-job series, as the Kueue side caps workloads
+
+
+def slurm_families(
+    jobs: Sequence[SlurmJob],
+    nodes: Sequence[NodeState],
+    placements: Mapping[str, Placement],
+    cluster: str,
+    problems: Sequence[str] = (),
+    job_cap: int = DEFAULT_JOB_CAP,
+) -> list[Family]:
+    """Families for one squeue/sinfo cycle: `problems` are parse_jobs' document problems."""
+    judged = judge_all(jobs, placements, nodes)
+    # A job that is neither running nor pending (or unreadable) still counts its problems.
+    seen = {id(item.job) for item in judged}
+    unjudged = [p for job in jobs if id(job) not in seen for p in dict.fromkeys(job.problems)]
+    return render(judged, cluster, [*problems, *unjudged], job_cap)
+
+
+def render(
+    judged: Sequence[JobPlacement],
+    cluster: str,
+    problems: Sequence[str] = (),
+    job_cap: int = DEFAULT_JOB_CAP,
+) -> list[Family]:
+    head = [("scheduler", "slurm"), ("cluster", cluster)]
+    spanned = Family(
+        "topowatch_workload_domains",
+        GAUGE,
+        "Distinct topology domains a live workload's pods span, per level.",
+    )
+    hops = Family(
+        "topowatch_workload_worst_pair_hops",
+        GAUGE,
+        "Largest network hop distance between two of a live workload's nodes.",
+    )
+    met = Family(
+        "topowatch_workload_topology_satisfied",
+        GAUGE,
+        "1 when a live workload's pods sit in one domain of the level it asked for.",
+    )
+    gpus = Family("topowatch_workload_gpus", GAUGE, "GPUs held by a live workload's pods.")
+    ultra = Family(
+        "topowatch_slurm_job_one_ultraserver",
+        GAUGE,
+        "1 when every node of a running Slurm job sits in one UltraServer (NVLink domain), 0 "
+        "when they span several; absent when the nodes' UltraServers are unknown.",
+    )
+    unplaced = Family(
+        "topowatch_slurm_job_unplaced_nodes",
+        GAUGE,
+        "Nodes of a running Slurm job that the loaded topology does not know.",
+    )
+    pending = Family(
+        "topowatch_pending_workloads",
+        GAUGE,
+        "Workloads waiting, by partition and Slurm reason (state_reason) and its class.",
+    )
+    waiting = Family(
+        "topowatch_slurm_pending_job_nodes",
+        GAUGE,
+        "For a pending job whose wait depends on topology (--switches, --contiguous, or reason "
+        "Resources): nodes it needs, nodes free in its partitions, and free nodes in the "
+        "largest free leaf switch.",
+    )
+    problem_family = Family(
+        "topowatch_slurm_job_problems",
+        GAUGE,
+        "Jobs (or squeue documents) of the last cycle topowatch could not fully read, by problem.",
+    )
+    capped = Family(
+        "topowatch_cluster_workload_series_dropped",
+        GAUGE,
+        "Live workloads left without per-workload series by the cardinality cap.",
+    )
+    running = [j for j in judged if j.job.allocated]
+    waiting_jobs = [j for j in judged if j.pending is not None]
+    running.sort(key=lambda j: (-(j.job.gpus or 0), -len(j.job.nodes), _id_key(j.job.job_id)))
+    for judged_job in running[:job_cap]:
+        job = judged_job.job
+        base = [*head, *_job_labels(job)]
+        for level, count in judged_job.domains.items():
+            spanned.add([*base, ("level", level)], count)
+        if judged_job.worst_pair_hops is not None:
+            hops.add(base, judged_job.worst_pair_hops)
+        if judged_job.switches_met is not None:
+            met.add(
+                [*base, ("mode", "switches"), ("level", judged_job.leaf_level or "leaf")],
+                judged_job.switches_met,
+            )
+        if job.gpus is not None:
+            gpus.add(base, job.gpus)
+        one = judged_job.one_ultraserver
+        if one is not None:
+            ultra.add(base, one)
+        if judged_job.unplaced:
+            unplaced.add(base, len(judged_job.unplaced))
+
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for judged_job in waiting_jobs:
+        context = judged_job.pending
+        if context is not None:
+            counts[(judged_job.job.partition, context.reason, context.reason_class)] += 1
+    for (partition, reason, kind), count in sorted(counts.items()):
+        pending.add([*head, ("partition", partition), ("cause", reason), ("class", kind)], count)
+    with_context = [j for j in waiting_jobs if j.pending and j.pending.capacity]
+    with_context.sort(key=lambda j: _id_key(j.job.job_id))
+    for judged_job in with_context[:job_cap]:
+        found = judged_job.pending
+        if found is None or found.capacity is None:
+            continue
+        base = [*head, *_job_labels(judged_job.job), ("reason", found.reason)]
+        if found.needs_nodes is not None:
+            waiting.add([*base, ("nodes", "needed")], found.needs_nodes)
+        waiting.add([*base, ("nodes", "free")], found.capacity.free_nodes)
+        waiting.add([*base, ("nodes", "largest_free_leaf")], found.capacity.largest_leaf()[1])
+
+    problem_counts: Counter[str] = Counter(_kind(p) for p in problems)  # per job, per kind
+    for judged_job in judged:
+        problem_counts.update({_kind(p) for p in judged_job.problems})
+    for problem, count in sorted(problem_counts.items()):
+        problem_family.add([*head, ("problem", problem)], count)
+    dropped = max(0, len(running) - job_cap) + max(0, len(with_context) - job_cap)
+    capped.add(head, dropped)
+    return [spanned, hops, met, gpus, ultra, unplaced, pending, waiting, problem_family, capped]
+
+
+def _job_labels(job: SlurmJob) -> list[tuple[str, str]]:
+    return [
+        ("job_id", job.job_id),
+        ("name", job.name),
+        ("user", job.user),
+        ("partition", job.partition),
+    ]
+
+
+def _kind(problem: str) -> str:
+    """A bounded label for a problem: "unknown: job_state" from "unknown: job_state [1, 2]"."""
+    head, sep, rest = problem.partition(": ")
+    if not sep:
+        return problem[:60]
+    if head != "unknown":
+        return head[:60]
+    if rest.startswith("squeue output"):
+        return "unknown: squeue output"
+    words = rest.split(" ")
+    if words[0] in ("no", "empty") and len(words) > 1:
+        return f"{head}: {words[0]} {words[1]}"
+    if rest.startswith("nodes missing"):
+        return f"{head}: nodes missing from the topology"
+    return f"{head}: {words[0]}"[:60]
+
+
+def _id_key(job_id: str) -> tuple[int, str]:
+    digits = job_id.split("_", 1)[0]
+    return (int(digits), job_id) if digits.isdigit() else (0, job_id)
