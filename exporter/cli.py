@@ -8,22 +8,29 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from exporter.cluster.quota.args import add_quota_parser
 from exporter.node.agent import NodeAgent
+from exporter.node.health_api import Evaluation
 from exporter.node.poller import COMPAT_MODES, NodeSources, Poller
-from exporter.node.serving import serve
+from exporter.node.serving import HealthApi, TokenFile, serve
 from exporter.topology.cli import add_topology_parser
+from exporter.topology.files import (
+    TopologyFileError,
+    load_placements,
+    placement_labels,
+    under_node_labels,
+)
 from healthcheck.config import ConfigError, HealthConfig, load_config
 from healthcheck.monitor import HealthMonitor
 
 if TYPE_CHECKING:
     from exporter.sim.hardware.node import SimulatedNode
     from exporter.sources.custom_checks import CustomCheckRunner
-    from exporter.sources.interfaces import KernelLogSource
+    from exporter.sources.interfaces import KernelLogSource, NodeLabelsSource
     from healthcheck.reporter import NodeReporter
 
 log = logging.getLogger("topowatch")
@@ -58,16 +65,8 @@ def default_node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="topowatch", description=__doc__)
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    node = sub.add_parser(
-        "node",
-        help="the node agent: GPU, NVLink, EFA, NUMA and topology metrics",
-        description="Poll NVML, sysfs, the kubelet and the node's labels; serve /metrics.",
-    )
+def add_node_arguments(node: argparse.ArgumentParser) -> None:
+    """The node agent's options; also what reads a --config file (`apply_node_config`)."""
     node.add_argument(
         "--simulate", metavar="PROFILE", help=f"simulated hardware: {', '.join(SIMULATED_PROFILES)}"
     )
@@ -170,8 +169,63 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="API server to report to instead of the in-cluster/kubeconfig one (tests, demo)",
     )
+    node.add_argument(
+        "--topology-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="this node's network placement when no Node labels give it (Slurm hosts): the JSON "
+        "of `topowatch topology from-ec2 --format json` or a Slurm topology.conf, looked up by "
+        "--node-name, else the short hostname; Node labels win where they exist",
+    )
+    node.add_argument(
+        "--health-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="serve the health findings on /api/v1/health to requests bearing this file's token "
+        "(Authorization: Bearer); re-read when the file changes (default: the endpoint is off)",
+    )
+    node.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a YAML mapping of these options' long names to values, e.g. /etc/topowatch/"
+        "node.yaml (`no-kubernetes: true`, `listen: 0.0.0.0:9402`); an option given on the "
+        "command line with a value other than its default wins",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="topowatch", description=__doc__)
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    node = sub.add_parser(
+        "node",
+        help="the node agent: GPU, NVLink, EFA, NUMA and topology metrics",
+        description="Poll NVML, sysfs, the kubelet and the node's labels; serve /metrics.",
+    )
+    add_node_arguments(node)
     node.set_defaults(func=run_node)
     add_cluster_parsers(sub)
+    slurm = sub.add_parser(
+        "slurm-controller",
+        help="on a Slurm head node: poll node agents, remediate through scontrol, file_sd",
+        description="Reads nodes from slurmctld, polls each node agent's /api/v1/health, applies "
+        "the remediation policy (observe by default) and acts with scontrol; writes Prometheus "
+        "file_sd targets and Slurm job placement metrics.",
+    )
+    slurm.add_argument(
+        "--config",
+        type=Path,
+        default=Path("/etc/topowatch/slurm-controller.yaml"),
+        metavar="FILE",
+        help="settings (YAML; default /etc/topowatch/slurm-controller.yaml)",
+    )
+    slurm.add_argument("--once", action="store_true", help="one cycle, then exit")
+    slurm.set_defaults(func=run_slurm_controller)
     add_topology_parser(sub)
     add_quota_parser(sub)
     return parser
@@ -256,6 +310,17 @@ def add_cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="kubectl get nodes,pods,workloads,clusterqueues,localqueues,events -A -o yaml",
     )
     source.add_argument("--server", metavar="URL", help="a running `topowatch cluster`")
+    source.add_argument(
+        "--slurm",
+        metavar="JOBID",
+        help="a Slurm job: its placement or pending reason, from squeue and sinfo",
+    )
+    explain.add_argument(
+        "--topology-file",
+        type=Path,
+        metavar="FILE",
+        help="with --slurm: topology from-ec2 JSON or topology.conf (default: beside slurm.conf)",
+    )
     explain.add_argument(
         "--all-preemptions", action="store_true", help="list the preemption ledger"
     )
@@ -363,6 +428,10 @@ def run_cluster(args: argparse.Namespace) -> int:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    if args.slurm is not None:
+        from exporter.slurm.cli import run as explain_slurm
+
+        return explain_slurm(args.slurm, args.topology_file, args.json)
     from exporter.cluster.run import explain_live, explain_offline, print_or_fail
 
     if not args.all_preemptions and not args.target:
@@ -512,15 +581,175 @@ def node_reporter(
     return NodeReporter(api, node_name, monitor)
 
 
+class NodeConfigError(ValueError):
+    """A --config file that cannot be used; the message names the file and the setting."""
+
+
+class _ConfigParser(argparse.ArgumentParser):
+    """The node options as a parser that raises instead of exiting: reads --config settings."""
+
+    def error(self, message: str) -> NoReturn:
+        raise NodeConfigError(message)
+
+
+def config_arguments(parser: argparse.ArgumentParser, settings: Mapping[str, object]) -> list[str]:
+    """A --config file's settings as the command-line arguments they stand for, so argparse
+    itself checks and converts them: `true` is the flag, `false` its `--no-` form where one
+    exists (else nothing: the flag is off by default), a list repeats the option. YAML 1.1
+    reads a bare `off`/`on` as a boolean: for an option taking a value it is that word again
+    (`kernel-log: off`)."""
+    known = parser._option_string_actions
+    arguments: list[str] = []
+    for key, value in settings.items():
+        option = "--" + str(key).replace("_", "-")
+        if option == "--config":
+            raise NodeConfigError("a config file cannot name another (--config)")
+        if option not in known:
+            raise NodeConfigError(f"unknown setting {key!r} (not a `topowatch node` option)")
+        if isinstance(value, bool) and known[option].nargs != 0:
+            arguments.append(f"{option}={'on' if value else 'off'}")
+        elif value is True:
+            arguments.append(option)
+        elif value is False:
+            negative = "--no-" + option[2:]
+            arguments.extend([negative] if negative in known else [])
+        elif isinstance(value, list):
+            arguments.extend(f"{option}={item}" for item in value)
+        elif value is not None:
+            arguments.append(f"{option}={value}")
+    return arguments
+
+
+def apply_node_config(args: argparse.Namespace) -> None:
+    """Fill the options the command line left at their defaults from `args.config`."""
+    import yaml
+
+    path: Path = args.config
+    try:
+        settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise NodeConfigError(f"cannot read --config {path}: {e}") from None
+    if settings is None:
+        return
+    if not isinstance(settings, dict):
+        raise NodeConfigError(f"--config {path}: expected a mapping of option names to values")
+    parser = _ConfigParser(prog=str(path), add_help=False)
+    add_node_arguments(parser)
+    try:
+        defaults = vars(parser.parse_args([]))
+        given = vars(parser.parse_args(config_arguments(parser, settings)))
+    except NodeConfigError as e:
+        raise NodeConfigError(f"--config {path}: {e}") from None
+    for dest, value in given.items():
+        if value != defaults[dest] and getattr(args, dest) == defaults[dest]:
+            setattr(args, dest, value)
+
+
+def topology_file_labels(path: Path | None, node_name: str) -> dict[str, str]:
+    """This node's placement labels from --topology-file, by its name or short hostname; {} and
+    a warning when the file does not list it (the agent runs, with empty topology labels).
+    `TopologyFileError` for a file that cannot be used."""
+    if path is None:
+        return {}
+    placements = load_placements(path)
+    placement = placements.get(node_name) or placements.get(node_name.split(".", 1)[0])
+    if placement is None:
+        log.warning(
+            "--topology-file %s does not list node %s; its topology labels stay empty",
+            path,
+            node_name,
+        )
+        return {}
+    return placement_labels(placement)
+
+
+class FileTopologyLabels:
+    """Node labels with a topology file's placement beneath them (`under_node_labels`): the
+    Node's own labels win where there are any, a Slurm host without a Node reads the file's."""
+
+    def __init__(self, node: NodeLabelsSource, from_file: Mapping[str, str]) -> None:
+        self._node = node
+        self._from_file = dict(from_file)
+
+    def labels(self) -> Mapping[str, str]:
+        return under_node_labels(self._node.labels(), self._from_file)
+
+    def drain_errors(self) -> list[str]:
+        return self._node.drain_errors()
+
+    def close(self) -> None:
+        self._node.close()
+
+
+def health_endpoint(args: argparse.Namespace, node_name: str) -> HealthApi:
+    """The /api/v1/health endpoint the flags ask for, off without --health-token-file; `OSError`
+    or `ValueError` for a token file that cannot be read or is empty."""
+    path = args.health_token_file
+    return HealthApi(node_name, TokenFile(path) if path is not None else None)
+
+
+def health_publisher(health: HealthApi, monitor: HealthMonitor | None) -> Callable[[], None]:
+    """After each poll, hand the health API what the Node annotation would carry
+    (`healthcheck.reporter.published`): one list of findings for both readers. Imported here,
+    with the token: an agent that serves no health API never loads the reporter's client."""
+    from healthcheck.reporter import published
+
+    def publish() -> None:
+        report = monitor.last if monitor is not None else None
+        if report is not None:
+            health.record(Evaluation(published(report), report.taken_at))
+
+    return publish
+
+
+def run_slurm_controller(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from healthcheck.slurm.service import build_service, serve
+    from healthcheck.slurm.settings import SettingsError, load_settings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        service = build_service(load_settings(args.config))
+    except (SettingsError, ValueError) as exc:
+        print(f"topowatch slurm-controller: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(service, stop, once=args.once)
+
+    asyncio.run(run())
+    return 0
+
+
 def run_node(args: argparse.Namespace) -> int:
+    try:
+        if args.config is not None:
+            apply_node_config(args)
+    except NodeConfigError as e:
+        print(f"topowatch node: {e}", file=sys.stderr)
+        return 2
     node_name = args.node_name or default_node_name()
     if args.no_health and args.report_node_status:
         print("topowatch node: --report-node-status needs the health checks", file=sys.stderr)
         return 2
+    if args.no_health and args.health_token_file is not None:
+        print("topowatch node: --health-token-file needs the health checks", file=sys.stderr)
+        return 2
     try:
         monitor = health_monitor(args)
-    except ConfigError as e:
+        file_labels = topology_file_labels(args.topology_file, node_name)
+        health = health_endpoint(args, node_name)
+    except (ConfigError, TopologyFileError) as e:
         print(f"topowatch node: {e}", file=sys.stderr)
+        return 2
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # the token file; never its content
+        print(f"topowatch node: --health-token-file: {e}", file=sys.stderr)
         return 2
     sim = None
     if args.simulate:
@@ -548,21 +777,27 @@ def run_node(args: argparse.Namespace) -> int:
     checks = custom_check_runner(monitor)
     sources.custom_checks = checks
     sources.kernel_log = kernel_log_source(args, sim)
+    if file_labels:
+        sources.labels = FileTopologyLabels(sources.labels, file_labels)
     poller = Poller(node_name, sources, compat=args.compat, health=monitor)
     reporter = None
     if monitor is not None and wants_node_status(args):
         reporter = node_reporter(args, node_name, monitor)
+    publish = health_publisher(health, monitor) if args.health_token_file is not None else None
 
     def report(_: object) -> None:
+        if publish is not None:
+            publish()
         if reporter is not None and monitor is not None:
             reporter.submit(monitor.last)
 
-    agent = NodeAgent(poller, interval=args.interval, on_snapshot=report)
+    agent = NodeAgent(poller, interval=args.interval, on_snapshot=report, extra=health.families)
     try:
         if args.once:
             # Two polls: GPM ratios and rates need two samples, and XIDs need the event
             # waiter registered, which happens once the first poll has enumerated the GPUs.
             agent.on_snapshot = None
+            agent.extra = None
             if checks is not None:
                 checks.run_all_once()
             agent.poll_once()
@@ -584,7 +819,7 @@ def run_node(args: argparse.Namespace) -> int:
                 snapshot.gpu.error,
             )
         host, port = args.listen
-        serve(agent, host, port)
+        serve(agent, host, port, health)
         return 0
     except KeyboardInterrupt:
         return 0

@@ -39,7 +39,8 @@ from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY
 from healthcheck.actions.base import ActionRequest, ActionResult, Provider, executable
 from healthcheck.alerts import AlertSignal, ParsedAlerts
 from healthcheck.audit import Auditor, AuditRecord, node_event
-from healthcheck.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, Finding, decode_findings
+from healthcheck.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, decode_findings
+from healthcheck.node_report import NodeReport, report_of
 from healthcheck.policy import (
     HYPERPOD_HEALTH,
     HYPERPOD_PENDING,
@@ -84,24 +85,6 @@ MERGE_PATCH = "application/merge-patch+json"
 # --- reading a Node (pure) --------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class NodeReport:
-    """What the controller needs from one Node object."""
-
-    name: str
-    action: Action | None  # what the checks themselves recommend (the ladder may say less)
-    reasons: tuple[str, ...]
-    onset: float | None
-    opted_out: bool
-    hyperpod_status: str
-    is_gpu: bool
-    state: RemediationState | None
-    state_problem: str | None
-    problems: tuple[str, ...]
-    findings: tuple[Finding, ...] = ()  # the actionable findings that ask for an action
-    deep_health: str = ""  # sagemaker.amazonaws.com/deep-health-check-status, "" when absent
-
-
 def read_node(obj: Mapping[str, Any]) -> NodeReport | None:
     """None when the object has no name (nothing can be said about it)."""
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
@@ -113,8 +96,7 @@ def read_node(obj: Mapping[str, Any]) -> NodeReport | None:
     assert isinstance(labels, Mapping) and isinstance(annotations, Mapping)
     raw_findings = annotations.get(FINDINGS_ANNOTATION)
     findings, problems = decode_findings(raw_findings if isinstance(raw_findings, str) else None)
-    acting = [f for f in findings if f.actionable and f.action in ACTIONS]
-    if not acting and _condition_false(obj) and not findings and not problems:
+    if not findings and not problems and _condition_false(obj):
         problems.append(f"condition {HEALTH_CONDITION}=False but no {FINDINGS_ANNOTATION}")
     raw_state = annotations.get(STATE_ANNOTATION)
     state, state_problem = parse_state(raw_state if isinstance(raw_state, str) else None)
@@ -124,18 +106,15 @@ def read_node(obj: Mapping[str, Any]) -> NodeReport | None:
     assert isinstance(status, Mapping)
     capacity = status.get("capacity") if isinstance(status.get("capacity"), Mapping) else {}
     assert isinstance(capacity, Mapping)
-    return NodeReport(
-        name=name,
-        action=strongest(f.action for f in acting),
-        reasons=tuple(sorted({f"{f.check}@{f.component}" for f in acting})),
-        onset=min((f.first_seen for f in acting), default=None),
+    return report_of(
+        name,
+        findings,
+        problems,
         opted_out=labels.get(OPT_OUT_LABEL) == OPT_OUT_VALUE,
         hyperpod_status=str(labels.get(HYPERPOD_HEALTH) or ""),
         is_gpu=_positive(capacity.get(GPU_RESOURCE)),
         state=state,
         state_problem=state_problem,
-        problems=tuple(problems),
-        findings=tuple(acting),
         deep_health=str(labels.get(DEEP_HEALTH_CHECK_KEY) or ""),
     )
 
@@ -213,6 +192,7 @@ class _NodeView:
             self.report.hyperpod_status,
             rungs,
             holding=any(r.hold for r in rungs),
+            hold=self.report.hold,
         )
 
     def onset(self) -> float | None:
@@ -265,6 +245,11 @@ class RemediationController:
     def observe_node(self, obj: dict[str, Any], now: float, deleted: bool = False) -> None:
         self._inbox.put(("deleted" if deleted else "node", obj, now))
 
+    def observe_report(self, report: NodeReport, obj: dict[str, Any], now: float) -> None:
+        """A node read by other means than a Node object (a Slurm node and its agent's health
+        API): taken as it is, with `obj` passed to the providers."""
+        self._inbox.put(("report", (report, obj), now))
+
     def handle_alerts(self, parsed: ParsedAlerts, now: float) -> None:
         self._inbox.put(("alerts", parsed, now))
 
@@ -311,6 +296,9 @@ class RemediationController:
             for kind, payload, _ in items:
                 if kind == "node":
                     self._take_node(payload, now, records)
+                elif kind == "report":
+                    report, obj = payload
+                    self._take_report(report, obj, now, records)
                 elif kind == "deleted":
                     self._forget_node(payload, now, records)
                 elif kind == "alerts":
@@ -348,6 +336,11 @@ class RemediationController:
         if report is None:
             records.append(self.auditor.problem("", "malformed_node", "Node without a name", now))
             return
+        self._take_report(report, obj, now, records)
+
+    def _take_report(
+        self, report: NodeReport, obj: dict[str, Any], now: float, records: list[AuditRecord]
+    ) -> None:
         name = report.name
         for problem in report.problems:
             records.append(self.auditor.problem(name, "malformed_findings", problem, now))

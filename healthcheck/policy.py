@@ -580,6 +580,10 @@ class NodeRequest:
     hyperpod_status: str = ""
     rungs: tuple[Rung, ...] = ()  # the findings' ladder steps behind `action`
     holding: bool = False  # some finding asks for nothing only because its deep check said so
+    # Why the node must not be acted on now, from outside the policy (empty: nothing holds it):
+    # (code, detail), e.g. ("unavailable", "slurm: DRAIN (maintenance)") for a node someone
+    # else took out of service, or ("agent_unreadable", ...) when its findings are in doubt.
+    hold: tuple[str, str] = ("", "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -695,6 +699,8 @@ def decide(
             decisions.append(
                 make("skip", "already_pending", f"{HYPERPOD_HEALTH}={request.hyperpod_status}")
             )
+        elif request.hold[0]:
+            decisions.append(make("skip", *request.hold))
         elif state is not None and state.deep_check_waiting():
             assert state.deep_check is not None
             seen = "seen InProgress" if state.deep_check.seen_in_progress else "no result yet"

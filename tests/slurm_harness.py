@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,7 +30,31 @@ def binary(name: str) -> str:
     return path
 
 
-def slurm_conf(tmp: Path, nodes: list[str], topology: bool) -> str:
+def slurm_conf(
+    tmp: Path,
+    nodes: list[str],
+    topology: bool,
+    slurmd: bool = False,
+    addresses: Mapping[str, str] | None = None,
+) -> str:
+    """`slurmd`: one NodeName line per node with its own Port=, so one slurmd per node can run
+    on this one host (`slurmd -N NAME`), each with its own spool, pid and log file (%n).
+    `addresses`: a NodeAddr per node (127.0.0.0/8 is all loopback: an agent per node can listen
+    on its own address with the port every agent shares, as on a real cluster)."""
+    if addresses is not None:
+        node_lines = [
+            f"NodeName={name} NodeAddr={addresses[name]} CPUs=1 State=UNKNOWN" for name in nodes
+        ]
+        spool = tmp / "spool"
+    elif slurmd:
+        node_lines = [
+            f"NodeName={name} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1 State=UNKNOWN"
+            for name in nodes
+        ]
+        spool = tmp / "spool" / "%n"
+    else:
+        node_lines = [f"NodeName={compress(nodes)} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN"]
+        spool = tmp / "spool"
     return "\n".join(
         [
             "ClusterName=topowatch",
@@ -41,15 +65,24 @@ def slurm_conf(tmp: Path, nodes: list[str], topology: bool) -> str:
             "CredType=cred/none",
             f"SlurmUser={getpass.getuser()}",
             f"StateSaveLocation={tmp / 'state'}",
-            f"SlurmdSpoolDir={tmp / 'spool'}",
+            f"SlurmdSpoolDir={spool}",
             f"SlurmctldPidFile={tmp / 'slurmctld.pid'}",
             f"SlurmctldLogFile={tmp / 'slurmctld.log'}",
+            *(
+                [
+                    f"SlurmdPidFile={tmp / 'slurmd-%n.pid'}",
+                    f"SlurmdLogFile={tmp / 'slurmd-%n.log'}",
+                    "ReturnToService=2",
+                ]
+                if slurmd
+                else []
+            ),
             "TopologyPlugin=topology/tree" if topology else "TopologyPlugin=topology/none",
             "SelectType=select/cons_tres",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "MpiDefault=none",
-            f"NodeName={compress(nodes)} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN",
+            *node_lines,
             "PartitionName=all Nodes=ALL Default=YES State=UP",
             "",
         ]
@@ -58,13 +91,27 @@ def slurm_conf(tmp: Path, nodes: list[str], topology: bool) -> str:
 
 @contextmanager
 def running_slurmctld(
-    tmp: Path, nodes: list[str], topology_conf: str | None = None, probe: str = "node"
+    tmp: Path,
+    nodes: list[str],
+    topology_conf: str | None = None,
+    probe: str = "node",
+    slurmd: bool = False,
+    addresses: Mapping[str, str] | None = None,
 ) -> Iterator[dict[str, str]]:
-    """Start slurmctld, wait until `scontrol show PROBE` answers, yield the env, stop it."""
+    """Start slurmctld, wait until `scontrol show PROBE` answers, yield the env, stop it.
+
+    `slurmd=True` (root only) also starts one slurmd per node and waits until every node is
+    idle, so jobs can run; slurmd logs a config-differs warning and mpi/pmix errors, harmless.
+    """
     slurmctld, scontrol = binary("slurmctld"), binary("scontrol")
     for directory in ("state", "spool"):
         (tmp / directory).mkdir(exist_ok=True)
-    (tmp / "slurm.conf").write_text(slurm_conf(tmp, nodes, topology_conf is not None))
+    if slurmd:
+        for name in nodes:
+            (tmp / "spool" / name).mkdir(exist_ok=True)
+    (tmp / "slurm.conf").write_text(
+        slurm_conf(tmp, nodes, topology_conf is not None, slurmd, addresses)
+    )
     if topology_conf is not None:
         (tmp / "topology.conf").write_text(topology_conf)
     env = {**os.environ, "SLURM_CONF": str(tmp / "slurm.conf")}
@@ -89,11 +136,53 @@ def running_slurmctld(
             time.sleep(0.1)
         else:
             pytest.fail(f"slurmctld did not answer within {START_TIMEOUT_S} s")
-        yield env
+        with _running_slurmds(tmp, nodes, env) if slurmd else _nothing():
+            yield env
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+@contextmanager
+def _running_slurmds(tmp: Path, nodes: list[str], env: dict[str, str]) -> Iterator[None]:
+    """One `slurmd -D -N NAME` per node; wait until sinfo shows every node idle."""
+    slurmd, sinfo = binary("slurmd"), binary("sinfo")
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for name in nodes:
+            processes.append(
+                subprocess.Popen(
+                    [slurmd, "-D", "-N", name, "-f", str(tmp / "slurm.conf")],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S * 2
+        while time.monotonic() < deadline:
+            shown = subprocess.run(
+                [sinfo, "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True
+            )
+            states = dict(line.split() for line in shown.stdout.splitlines() if line.strip())
+            if len(states) >= len(nodes) and all(states.get(n) == "idle" for n in nodes):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"slurmd nodes not idle within {START_TIMEOUT_S * 2} s: {shown.stdout}")
+        yield
+    finally:
+        for process in processes:
+            _stop(process)

@@ -194,7 +194,7 @@ def test_slurm_node_ends_in_fail_with_action_replace(tmp_path: Path) -> None:
             ]
         )
         assert [r.ok for r in results] == [True, True, False], results
-        assert "scontrol exited" in results[2].detail
+        assert "exited 1" in results[2].detail and "Invalid node name" in results[2].detail
 
         def show(name: str) -> str:
             return subprocess.run(

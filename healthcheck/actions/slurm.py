@@ -1,22 +1,41 @@
-"""Slurm provider: `scontrol update nodename=X state=fail reason=Action:Replace|Action:Reboot`.
+"""Slurm provider: asks slurmctld, through `scontrol`, to take a node out of service.
 
-That is how HyperPod's Slurm integration is told to replace or reboot a node. scontrol runs with
-an argument list (no shell) and a timeout, so a hung controller costs one timeout, not a thread.
+How it asks depends on who mends Slurm nodes on the cluster (`method`):
+- `hyperpod` (default): `scontrol update nodename=N state=fail reason=Action:Reboot|Action:Replace`,
+  the reasons HyperPod's Slurm integration acts on ("Manually replace or reboot a node", SageMaker
+  HyperPod developer guide); HyperPod resumes the node when it is done.
+- `drain`: `state=drain reason="topowatch: <action>: <triggers>"`: running jobs finish, nothing
+  new starts, a person decides what to do.
+- `reboot-asap`: reboots as `scontrol reboot ASAP nextstate=resume reason=...` (drains, reboots
+  with slurm.conf's RebootProgram once the node's jobs end, resumes when slurmd registers);
+  replacements drain, since outside HyperPod only a person can replace hardware.
+
+Reasons we write start with `topowatch:` (or are HyperPod's `Action:` words), which is how the
+Slurm controller tells, after a restart, what it already asked. scontrol runs with an argument
+list (no shell) and a timeout, so a hung controller costs one timeout, not a thread.
 """
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
+from exporter.slurm.commands import SlurmCli, SlurmCommandError, safe_node_name
 from healthcheck.actions.base import ActionRequest, ActionResult
 
 REASON = {"reboot": "Action:Reboot", "replace": "Action:Replace"}
+OUR_REASON_PREFIX = "topowatch:"
+Method = Literal["hyperpod", "drain", "reboot-asap"]
+METHODS: tuple[Method, ...] = ("hyperpod", "drain", "reboot-asap")
+
+
+def our_reason(action: str, triggers: Sequence[str]) -> str:
+    return f"{OUR_REASON_PREFIX} {action}: {', '.join(triggers) or 'requested'}"
 
 
 class SlurmNodes:
     name = "slurm"
-    # HyperPod's Slurm reasons know no GPU reset.
+    # HyperPod's Slurm reasons know no GPU reset; a reset is done as a reboot.
     actions: frozenset[str] = frozenset({"reboot", "replace"})
 
     def __init__(
@@ -25,10 +44,13 @@ class SlurmNodes:
         timeout_s: float = 15.0,
         env: Mapping[str, str] | None = None,
         name_label: str | None = None,
+        method: Method = "hyperpod",
+        cli: SlurmCli | None = None,
     ) -> None:
-        self.scontrol = scontrol
-        self.timeout_s = timeout_s
-        self.env = dict(env) if env is not None else None
+        if method not in METHODS:
+            raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}")
+        self.cli = cli or SlurmCli(env=env, timeout_s=timeout_s, binaries={"scontrol": scontrol})
+        self.method = method
         self.name_label = name_label  # a Node label holding the Slurm node name, if not the same
 
     def slurm_name(self, request: ActionRequest) -> str:
@@ -40,30 +62,24 @@ class SlurmNodes:
         return request.node
 
     def execute(self, requests: Sequence[ActionRequest]) -> list[ActionResult]:
-        return [self._fail_node(r) for r in requests]
+        return [self._act(r) for r in requests]
 
-    def _fail_node(self, request: ActionRequest) -> ActionResult:
+    def _act(self, request: ActionRequest) -> ActionResult:
         name = self.slurm_name(request)
-        if not name or any(c in name for c in " \t\n=,"):
+        if not safe_node_name(name):
             return ActionResult(request.node, False, f"unusable Slurm node name {name!r}")
-        argv = [
-            self.scontrol,
-            "update",
-            f"nodename={name}",
-            "state=fail",
-            f"reason={REASON[request.action]}",
-        ]
+        triggers = [str(t) for t in request.decision.get("triggers") or []]
+        reason = our_reason(request.action, triggers)
         try:
-            done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=self.timeout_s, env=self.env
-            )
-        except subprocess.TimeoutExpired:
-            return ActionResult(request.node, False, f"scontrol timed out after {self.timeout_s} s")
-        except OSError as exc:
-            return ActionResult(request.node, False, f"cannot run {self.scontrol}: {exc}")
-        if done.returncode != 0:
-            said = (done.stderr or done.stdout).strip()[:300]
-            return ActionResult(request.node, False, f"scontrol exited {done.returncode}: {said}")
-        return ActionResult(
-            request.node, True, f"slurm node {name} state=fail {REASON[request.action]}"
-        )
+            if self.method == "hyperpod":
+                self.cli.update_node(name, "fail", REASON[request.action])
+                said = f"state=fail reason={REASON[request.action]}"
+            elif self.method == "reboot-asap" and request.action == "reboot":
+                self.cli.reboot_asap(name, reason)
+                said = "reboot ASAP nextstate=resume"
+            else:
+                self.cli.update_node(name, "drain", reason)
+                said = "state=drain"
+        except SlurmCommandError as exc:
+            return ActionResult(request.node, False, str(exc))
+        return ActionResult(request.node, True, f"slurm node {name} {said}")

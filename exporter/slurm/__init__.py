@@ -1,0 +1,1 @@
+"""Slurm: reading slurmctld (nodes, jobs) and judging placement against the topology tree."""

@@ -1,0 +1,1 @@
+"""The Slurm remediation controller: node agents polled over HTTP, the shared policy, scontrol."""

@@ -1,0 +1,409 @@
+"""`topowatch slurm-controller` against a real slurmctld 22.05 on loopback.
+
+Rules the rows rest on:
+- HyperPod replaces or reboots a Slurm node when told `scontrol update node=N state=fail
+  reason="Action:Replace"` (or `Action:Reboot`) (SageMaker HyperPod developer guide, "Manually
+  replace or reboot a node"; DESIGN.md).
+- sinfo(1) NODE STATE CODES: DOWN, DRAIN (DRAINED/DRAINING), FAIL(ING) and NOT_RESPONDING are out
+  of service; an admin's Reason on such a node is theirs, so the controller never touches it.
+- The policy is the Kubernetes controller's (observe by default, budget, breaker, cooldown):
+  tests/test_remediation_policy.py holds its tables; here only what Slurm changes.
+Agents are loopback servers speaking the node agent's health API (tests/slurm_agents.py); each
+node sits at its own 127.0.0.X NodeAddr, all agents on one port, as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporter.slurm.nodes import SlurmNode, parse_nodes
+from healthcheck.slurm.reports import PENDING_REBOOT, PENDING_REPLACEMENT, asked_by_reason
+from healthcheck.slurm.service import SlurmControllerService, build_app, build_service
+from healthcheck.slurm.settings import settings_from_mapping
+from tests.conftest import free_port
+from tests.slurm_agents import TOKEN, Behaviour, FakeAgents, finding, loopback_addresses
+from tests.slurm_harness import binary, running_slurmctld
+
+NODES = ["gpu-1", "gpu-2", "gpu-3", "gpu-4"]
+OURS = "topowatch: "
+RB, RP = PENDING_REBOOT, PENDING_REPLACEMENT
+
+
+def show(env: dict[str, str], node: str) -> dict[str, str]:
+    """`scontrol show node` as key=value pairs (Reason runs to the end of its line)."""
+    out = subprocess.run(
+        [binary("scontrol"), "show", "node", node, "-o"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    ).stdout
+    fields: dict[str, str] = {}
+    head, _, reason = out.partition(" Reason=")
+    for word in head.split():
+        key, _, value = word.partition("=")
+        fields[key] = value
+    fields["Reason"] = reason.strip().split(" [", 1)[0] if reason else ""
+    return fields
+
+
+def scontrol(env: dict[str, str], *words: str) -> None:
+    subprocess.run([binary("scontrol"), *words], env=env, check=True, timeout=10)
+
+
+def config(tmp: Path, port: int, mode: str = "act", **extra: Any) -> dict[str, Any]:
+    token = tmp / "health-token"
+    token.write_text(TOKEN + "\n")
+    raw: dict[str, Any] = {
+        "cluster": "test",
+        "interval_seconds": 1,
+        "agents": {"port": port, "token_file": str(token), "timeout_seconds": 1.5},
+        "slurm": {"timeout_seconds": 20},
+        "remediation": {"state_file": str(tmp / "state.json"), "policy": {"mode": mode}},
+        "prometheus": {"file_sd": str(tmp / "targets.json"), "placement": False},
+        "listen": "127.0.0.1:0",
+    }
+    for key, value in extra.items():
+        if isinstance(value, dict):
+            raw.setdefault(key, {}).update(value)
+        else:
+            raw[key] = value
+    return raw
+
+
+def one_cycle(service: SlurmControllerService) -> None:
+    """A cycle, then the decisions on what it read (the controller thread's job, done here)."""
+    asyncio.run(service.cycle())
+    service.controller.run_once()
+
+
+@contextmanager
+def cluster(tmp: Path) -> Iterator[tuple[dict[str, str], FakeAgents]]:
+    addresses = loopback_addresses(NODES)
+    agents = FakeAgents(addresses, free_port())
+    with running_slurmctld(tmp, NODES, addresses=addresses) as env, agents.running():
+        yield env, agents
+
+
+def decisions(service: SlurmControllerService) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for record in service.controller.auditor.recent(500):
+        out.setdefault(record["node"], []).append(f"{record['verdict']}:{record['reason']}")
+    return out
+
+
+# --- with the real slurmctld --------------------------------------------------------------------
+
+
+@pytest.mark.real_component
+def test_act_mode_asks_hyperpod_through_the_node_reason_and_leaves_others_alone(
+    tmp_path: Path,
+) -> None:
+    now = time.time()
+    with cluster(tmp_path) as (env, agents):
+        # gpu-3: drained by an admin for maintenance, and its agent asks for a replacement too.
+        scontrol(env, "update", "nodename=gpu-3", "state=drain", "reason=PSU swap (ticket 42)")
+        agents.agents["gpu-2"] = Behaviour([finding("row_remap_failure", "replace", now - 60)])
+        agents.agents["gpu-3"] = Behaviour([finding("row_remap_failure", "replace", now - 60)])
+        agents.agents["gpu-4"] = Behaviour([finding("gpu_missing", "replace", now - 60, "gpu5")])
+        service = build_service(settings_from_mapping(config(tmp_path, agents.port)), env)
+        one_cycle(service)
+
+        assert show(env, "gpu-2")["Reason"] == "Action:Replace"
+        assert "FAIL" in show(env, "gpu-2")["State"]
+        # gpu_missing climbs the ladder from a reboot (policy.DEFAULT_LADDER).
+        assert show(env, "gpu-4")["Reason"] == "Action:Reboot"
+        assert show(env, "gpu-3")["Reason"] == "PSU swap (ticket 42)"
+        assert "FAIL" not in show(env, "gpu-3")["State"]
+        assert show(env, "gpu-1")["Reason"] == ""
+        said = decisions(service)
+        assert "act:act" in said["gpu-2"] and "succeeded:provider" in said["gpu-2"]
+        assert "skip:unavailable" in said["gpu-3"]
+        state = json.loads((tmp_path / "state.json").read_text())["nodes"]
+        assert state["gpu-2"]["outcome"] == "done" and state["gpu-2"]["action"] == "replace"
+        assert "gpu-3" not in state
+
+        # The next cycle: slurmctld's Reason says both are asked; nothing is asked twice.
+        calls = service.controller.auditor.counts[("succeeded", "provider", "replace")]
+        one_cycle(service)
+        assert service.controller.auditor.counts[("succeeded", "provider", "replace")] == calls
+        assert "skip:already_pending" in decisions(service)["gpu-2"]
+
+
+@pytest.mark.real_component
+def test_observe_mode_changes_nothing_in_slurmctld(tmp_path: Path) -> None:
+    now = time.time()
+    with cluster(tmp_path) as (env, agents):
+        agents.agents["gpu-1"] = Behaviour([finding("row_remap_failure", "replace", now - 60)])
+        raw = config(tmp_path, agents.port, mode="observe")
+        service = build_service(settings_from_mapping(raw), env)
+        one_cycle(service)
+        assert show(env, "gpu-1")["Reason"] == ""
+        assert "skip:observe" in decisions(service)["gpu-1"]
+
+
+@pytest.mark.real_component
+def test_opt_out_by_feature_or_list(tmp_path: Path) -> None:
+    now = time.time()
+    with cluster(tmp_path) as (env, agents):
+        scontrol(
+            env,
+            "update",
+            "nodename=gpu-1",
+            "availablefeatures=topowatch_remediation_disabled",
+            "activefeatures=topowatch_remediation_disabled",
+        )
+        for node in ("gpu-1", "gpu-2"):
+            agents.agents[node] = Behaviour([finding("row_remap_failure", "replace", now - 60)])
+        raw = config(tmp_path, agents.port, slurm={"exclude_nodes": ["gpu-[2-3]"]})
+        service = build_service(settings_from_mapping(raw), env)
+        one_cycle(service)
+        assert show(env, "gpu-1")["Reason"] == show(env, "gpu-2")["Reason"] == ""
+        said = decisions(service)
+        assert "skip:opted_out" in said["gpu-1"] and "skip:opted_out" in said["gpu-2"]
+
+
+@pytest.mark.real_component
+def test_bad_agents_are_counted_and_audited_and_never_acted_on(tmp_path: Path) -> None:
+    """A garbage answer, a hang, another node's name, a wrong token: no findings believed."""
+    now = time.time()
+    asking = [finding("row_remap_failure", "replace", now - 60)]
+    with cluster(tmp_path) as (env, agents):
+        agents.agents["gpu-1"] = Behaviour(asking, mode="garbage")
+        agents.agents["gpu-2"] = Behaviour(asking, mode="hang", hang_s=4)
+        agents.agents["gpu-3"] = Behaviour(asking, mode="as:gpu-9")
+        agents.agents["gpu-4"] = Behaviour(asking, mode="status:500")
+        service = build_service(settings_from_mapping(config(tmp_path, agents.port)), env)
+        one_cycle(service)
+        for node in NODES:
+            assert show(env, node)["Reason"] == "", node
+        polls = service.counts.polls
+        assert (polls["garbage"], polls["timeout"], polls["wrong_node"], polls["bad_status"]) == (
+            1,
+            1,
+            1,
+            1,
+        )
+        problems = service.controller.auditor.problems
+        assert problems["agent_garbage"] == problems["agent_wrong_node"] == 1
+        # The same failure next cycle is counted again but audited once.
+        one_cycle(service)
+        assert service.counts.polls["garbage"] == 2 and problems["agent_garbage"] == 1
+
+    (tmp_path / "token").mkdir()
+    with cluster(tmp_path / "token") as (env, agents):
+        agents.agents["gpu-1"] = Behaviour(asking)
+        raw = config(tmp_path, agents.port)
+        Path(raw["agents"]["token_file"]).write_text("not-the-token\n")
+        service = build_service(settings_from_mapping(raw), env)
+        one_cycle(service)
+        assert service.counts.polls["unauthorized"] == len(NODES)
+        assert show(env, "gpu-1")["Reason"] == ""
+
+
+@pytest.mark.real_component
+def test_slurmctld_down_holds_everything_and_keeps_serving(tmp_path: Path) -> None:
+    now = time.time()
+    with cluster(tmp_path) as (env, agents):
+        # gpu-1 asks for a replacement; the budget (0 nodes) holds it for now.
+        agents.agents["gpu-1"] = Behaviour([finding("row_remap_failure", "replace", now - 60)])
+        raw = config(tmp_path, agents.port)
+        raw["remediation"]["policy"]["budget"] = {"nodes": 0, "percent": 0}
+        service = build_service(settings_from_mapping(raw), env)
+        one_cycle(service)
+        assert "skip:budget_concurrent" in decisions(service)["gpu-1"]
+        targets = json.loads((tmp_path / "targets.json").read_text())
+        assert {t["labels"]["node"] for t in targets} == set(NODES)
+    # slurmctld has stopped.
+    calls = sum(n for (v, r, _), n in service.controller.auditor.counts.items() if r == "provider")
+    one_cycle(service)
+    assert service.counts.cycles["slurmctld_error"] == 1
+    # sinfo --json exits 0 and says `errors: [Unspecified error]`: counted as slurm's failure.
+    assert service.counts.command_failures[("nodes", "failed")] == 1
+    assert "skip:slurmctld_unreachable" in decisions(service)["gpu-1"]
+    after = sum(n for (v, r, _), n in service.controller.auditor.counts.items() if r == "provider")
+    assert after == calls
+    assert json.loads((tmp_path / "targets.json").read_text()) == targets  # kept as it was
+
+    async def probe() -> tuple[int, str, int]:
+        from aiohttp.test_utils import TestClient, TestServer
+
+        async with TestClient(TestServer(build_app(service, admin_token=None))) as client:
+            health = await client.get("/healthz")
+            metrics = await client.get("/metrics")
+            reset = await client.post("/api/v1/remediation/reset")
+            return health.status, await metrics.text(), reset.status
+
+    health, metrics, reset = asyncio.run(probe())
+    assert health == 200
+    assert 'topowatch_slurm_controller_cycles_total{result="slurmctld_error"} 1' in metrics
+    assert reset == 403  # no admin token configured: nothing can reset the breaker
+
+
+@pytest.mark.real_component
+def test_scontrol_that_fails_is_an_audited_failure_not_a_crash(tmp_path: Path) -> None:
+    now = time.time()
+    with cluster(tmp_path) as (env, agents):
+        agents.agents["gpu-2"] = Behaviour([finding("row_remap_failure", "replace", now - 60)])
+        wrappers = tmp_path / "bin"
+        wrappers.mkdir()
+        for name in ("sinfo", "squeue"):
+            (wrappers / name).symlink_to(binary(name))
+        (wrappers / "scontrol").write_text(
+            '#!/bin/sh\ncase "$*" in *update*) echo "slurm_update error: Access denied" >&2;'
+            f' exit 1;; esac\nexec {binary("scontrol")} "$@"\n'
+        )
+        (wrappers / "scontrol").chmod(0o755)
+        raw = config(tmp_path, agents.port, slurm={"bin_dir": str(wrappers)})
+        service = build_service(settings_from_mapping(raw), env)
+        one_cycle(service)
+        assert show(env, "gpu-2")["Reason"] == ""
+        assert "failed:provider" in decisions(service)["gpu-2"]
+        state = json.loads((tmp_path / "state.json").read_text())["nodes"]["gpu-2"]
+        assert state["outcome"] == "failed" and "Access denied" in state["message"]
+
+
+# --- a restart in the middle of an action ---------------------------------------------------------
+
+
+def _wrappers(tmp: Path) -> Path:
+    """scontrol that logs every update; a flag file makes it hang before or after the real call
+    (the window a crash of the controller can fall into)."""
+    wrappers = tmp / "bin"
+    wrappers.mkdir()
+    for name in ("sinfo", "squeue"):
+        (wrappers / name).symlink_to(binary(name))
+    log, flag = tmp / "scontrol.log", tmp / "hang"
+    (wrappers / "scontrol").write_text(
+        f"""#!/bin/sh
+case "$*" in
+  *update*)
+    echo "asked $*" >> {log}
+    if [ "$(cat {flag} 2>/dev/null)" = before ]; then sleep 600; fi
+    {binary("scontrol")} "$@" || exit $?
+    echo "done $*" >> {log}
+    if [ "$(cat {flag} 2>/dev/null)" = after ]; then sleep 600; fi
+    exit 0;;
+esac
+exec {binary("scontrol")} "$@"
+"""
+    )
+    (wrappers / "scontrol").chmod(0o755)
+    return wrappers
+
+
+def _controller(config_file: Path, env: dict[str, str], once: bool) -> subprocess.Popen[str]:
+    topowatch = Path(sys.executable).with_name("topowatch")
+    argv = [str(topowatch), "slurm-controller", "--config", str(config_file)]
+    return subprocess.Popen(
+        [*argv, "--once"] if once else argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its scontrol children die with it
+    )
+
+
+def _wait_for(condition: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _lines(path: Path, prefix: str) -> list[str]:
+    if not path.exists():
+        return []
+    return [x for x in path.read_text().splitlines() if x.startswith(prefix)]
+
+
+@pytest.mark.real_component
+@pytest.mark.parametrize("crash", ["after", "before"])
+def test_restart_mid_action_neither_repeats_nor_forgets(tmp_path: Path, crash: str) -> None:
+    """The controller is killed (SIGKILL) while scontrol runs: `after` the real update went
+    through, or `before` it did. A restarted controller reads its state file (`requested`) and
+    slurmctld's Reason: `after` → confirmed, no second call; `before` → carried out, once."""
+    now = time.time()
+    with cluster(tmp_path) as (env, agents):
+        agents.agents["gpu-2"] = Behaviour([finding("row_remap_failure", "replace", now - 60)])
+        wrappers = _wrappers(tmp_path)
+        (tmp_path / "hang").write_text(crash)
+        config_file = tmp_path / "controller.yaml"
+        raw = config(tmp_path, agents.port, slurm={"bin_dir": str(wrappers)})
+        config_file.write_text(yaml.safe_dump(raw))
+        log = tmp_path / "scontrol.log"
+
+        first = _controller(config_file, env, once=False)
+        try:
+            marker = "done " if crash == "after" else "asked "
+            _wait_for(lambda: _lines(log, marker), f"scontrol update ({crash})")
+            os.killpg(first.pid, signal.SIGKILL)
+        finally:
+            first.wait(timeout=30)
+        state = json.loads((tmp_path / "state.json").read_text())["nodes"]["gpu-2"]
+        assert state["outcome"] == "requested"
+        assert (show(env, "gpu-2")["Reason"] == "Action:Replace") == (crash == "after")
+
+        (tmp_path / "hang").unlink()
+        second = _controller(config_file, env, once=True)
+        output, _ = second.communicate(timeout=120)
+        assert second.returncode == 0, output
+
+        assert len(_lines(log, "done ")) == 1, log.read_text()
+        assert show(env, "gpu-2")["Reason"] == "Action:Replace"
+        state = json.loads((tmp_path / "state.json").read_text())["nodes"]["gpu-2"]
+        assert state["outcome"] == "done" and state["attempts"] == 1
+        assert ("slurmctld shows" in state["message"]) == (crash == "after")
+        assert ("resumed after a restart" in state["message"]) == (crash == "before")
+
+
+# --- pieces, no slurmctld -------------------------------------------------------------------------
+
+
+def _node(**fields: Any) -> SlurmNode:
+    entry = {"name": "gpu-1", "state": "idle", "state_flags": [], "reason": "", **fields}
+    [node], problems = parse_nodes(json.dumps({"nodes": [entry]}))
+    assert problems == []
+    return node
+
+
+@pytest.mark.parametrize(
+    ("entry", "out_of_service", "asked"),
+    [
+        # sinfo(1): IDLE in service; DRAIN flag drained/draining; DOWN; FAIL.
+        ({"state": "idle"}, False, ""),
+        ({"state": "allocated", "state_flags": ["DRAIN"], "reason": "maint"}, True, ""),
+        ({"state": "down", "reason": "Not responding"}, True, ""),
+        # HyperPod's reasons on a FAILed node: asked, pending (the EKS label's meaning).
+        ({"state": "idle", "state_flags": ["FAIL"], "reason": "Action:Replace"}, True, RP),
+        ({"state": "idle", "state_flags": ["FAIL"], "reason": "Action:Reboot"}, True, RB),
+        # Our own drain reasons.
+        ({"state": "idle", "state_flags": ["DRAIN"], "reason": OURS + "reboot: x"}, True, RB),
+        ({"state": "mixed", "state_flags": ["DRAIN"], "reason": OURS + "replace: x"}, True, RP),
+        # A stale reason on a node back in service asks nothing.
+        ({"state": "idle", "reason": "Action:Reboot"}, False, ""),
+        # v0.0.39+ shape: one list, base state first.
+        ({"state": ["IDLE", "DRAIN"], "reason": "Action:Reboot"}, True, RB),
+    ],
+)
+def test_node_states_and_reasons(entry: dict[str, Any], out_of_service: bool, asked: str) -> None:
+    node = _node(**entry)
+    assert node.out_of_service == out_of_service
+    assert asked_by_reason(node) == asked
