@@ -46,6 +46,8 @@ class _Handler(BaseHTTPRequestHandler):
         node = self.node_of[str(address)]
         self.requests.append((node, time.monotonic()))
         behaviour = self.agents.get(node, Behaviour())
+        if self.path == "/metrics":  # what Prometheus scrapes through the file_sd targets
+            return self._send(200, f'topowatch_node_info{{node="{node}"}} 1\n'.encode())
         if self.path != "/api/v1/health":
             return self._send(404, b"{}")
         if self.headers.get("Authorization") != f"Bearer {self.token}":

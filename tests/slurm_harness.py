@@ -41,20 +41,16 @@ def slurm_conf(
     on this one host (`slurmd -N NAME`), each with its own spool, pid and log file (%n).
     `addresses`: a NodeAddr per node (127.0.0.0/8 is all loopback: an agent per node can listen
     on its own address with the port every agent shares, as on a real cluster)."""
-    if addresses is not None:
+    if addresses is None and not slurmd:
+        node_lines = [f"NodeName={compress(nodes)} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN"]
+    else:
         node_lines = [
-            f"NodeName={name} NodeAddr={addresses[name]} CPUs=1 State=UNKNOWN" for name in nodes
-        ]
-        spool = tmp / "spool"
-    elif slurmd:
-        node_lines = [
-            f"NodeName={name} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1 State=UNKNOWN"
+            f"NodeName={name} NodeAddr={(addresses or {}).get(name, '127.0.0.1')}"
+            + (f" Port={free_port()}" if slurmd else "")
+            + " CPUs=1 State=UNKNOWN"
             for name in nodes
         ]
-        spool = tmp / "spool" / "%n"
-    else:
-        node_lines = [f"NodeName={compress(nodes)} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN"]
-        spool = tmp / "spool"
+    spool = tmp / "spool" / "%n" if slurmd else tmp / "spool"
     return "\n".join(
         [
             "ClusterName=topowatch",

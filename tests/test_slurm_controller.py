@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from exporter.exposition import encode_text
 from exporter.slurm.nodes import SlurmNode, parse_nodes
 from healthcheck.slurm.reports import PENDING_REBOOT, PENDING_REPLACEMENT, asked_by_reason
 from healthcheck.slurm.service import SlurmControllerService, build_app, build_service
@@ -275,6 +276,91 @@ def test_scontrol_that_fails_is_an_audited_failure_not_a_crash(tmp_path: Path) -
         assert "failed:provider" in decisions(service)["gpu-2"]
         state = json.loads((tmp_path / "state.json").read_text())["nodes"]["gpu-2"]
         assert state["outcome"] == "failed" and "Access denied" in state["message"]
+
+
+@pytest.mark.real_component
+def test_prometheus_discovers_every_agent_from_the_file_sd_targets(tmp_path: Path) -> None:
+    """A real Prometheus with `file_sd_configs` on the file the controller writes scrapes every
+    agent, each series labelled with its cluster, partition and node."""
+    from tests.test_prometheus_e2e import Prometheus
+
+    with cluster(tmp_path) as (env, agents):
+        service = build_service(settings_from_mapping(config(tmp_path, agents.port)), env)
+        one_cycle(service)
+        prometheus_yml = tmp_path / "prometheus.yml"
+        prometheus_yml.write_text(
+            json.dumps(
+                {
+                    "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+                    "scrape_configs": [
+                        {
+                            "job_name": "topowatch-node",
+                            "file_sd_configs": [
+                                {
+                                    "files": [str(tmp_path / "targets.json")],
+                                    "refresh_interval": "1s",
+                                }
+                            ],
+                        }
+                    ],
+                }
+            )
+        )
+        (tmp_path / "prom").mkdir()
+        prometheus = Prometheus.launch(prometheus_yml, tmp_path / "prom")
+        try:
+            prometheus.wait_for(
+                'count(up{job="topowatch-node",cluster="test",partition="all"} == 1) == 4',
+                30,
+                "four agents scraped through file_sd",
+            )
+            series = prometheus.query("topowatch_node_info")
+            assert {(s["metric"]["node"], s["metric"]["instance"]) for s in series} == {
+                (node, f"{address}:{agents.port}") for node, address in agents.addresses.items()
+            }
+        finally:
+            prometheus.stop()
+
+
+@pytest.mark.real_component
+@pytest.mark.skipif(os.geteuid() != 0, reason="slurmd runs jobs as root here")
+def test_running_job_placement_and_remediation_in_one_cycle(tmp_path: Path) -> None:
+    """slurmd runs on every node: an sbatch job spread over two leaf switches shows up in the
+    controller's /metrics with the Kueue side's metric names and scheduler="slurm", and a bad
+    node running that job is still sent to HyperPod (it requeues the job)."""
+    topology = "SwitchName=sw-top Switches=sw-a,sw-b\nSwitchName=sw-a Nodes=gpu-[1-2]\n"
+    topology += "SwitchName=sw-b Nodes=gpu-[3-4]\n"
+    addresses = loopback_addresses(NODES)
+    agents = FakeAgents(addresses, free_port())
+    with (
+        running_slurmctld(tmp_path, NODES, topology, slurmd=True, addresses=addresses) as env,
+        agents.running(),
+    ):
+        spread = ["-J", "spread", "-N", "2", "-w", "gpu-2,gpu-3", "--wrap", "sleep 300"]
+        job = subprocess.run(
+            [binary("sbatch"), "--parsable", "-o", "/dev/null", *spread],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+        _wait_for(lambda: show(env, "gpu-3")["State"].startswith(("ALLOC", "MIXED")), "job start")
+        agents.agents["gpu-3"] = Behaviour([finding("row_remap_failure", "replace", time.time())])
+        raw = config(tmp_path, agents.port, topology_file=str(tmp_path / "topology.conf"))
+        raw["prometheus"]["placement"] = True
+        service = build_service(settings_from_mapping(raw), env)
+        one_cycle(service)
+        assert show(env, "gpu-3")["Reason"] == "Action:Replace"
+        text = encode_text(service.families()).decode()
+        hops = [
+            line
+            for line in text.splitlines()
+            if line.startswith("topowatch_workload_worst_pair_hops{") and f'job_id="{job}"' in line
+        ]
+        assert len(hops) == 1 and 'scheduler="slurm"' in hops[0], text[-3000:]
+        assert hops[0].endswith(" 4")  # two leaf switches under one spine (labels.hops)
 
 
 # --- a restart in the middle of an action ---------------------------------------------------------

@@ -451,7 +451,7 @@ def _placement(settings: Settings) -> PlacementFamilies | None:
         jobs, problems = parse_jobs(text)
         for problem in problems:
             log.warning("squeue: %s", problem)
-        return slurm_families(jobs, nodes, placements, cluster)
+        return slurm_families(jobs, nodes, placements, cluster, problems)
 
     return families
 
