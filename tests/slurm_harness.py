@@ -101,7 +101,7 @@ def running_slurmctld(
     """
     slurmctld, scontrol = binary("slurmctld"), binary("scontrol")
     for directory in ("state", "spool"):
-        (tmp / directory).mkdir(exist_ok=True)
+        (tmp / directory).mkdir(parents=True, exist_ok=True)
     if slurmd:
         for name in nodes:
             (tmp / "spool" / name).mkdir(exist_ok=True)

@@ -17,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -363,6 +365,54 @@ def test_running_job_placement_and_remediation_in_one_cycle(tmp_path: Path) -> N
         assert hops[0].endswith(" 4")  # two leaf switches under one spine (labels.hops)
 
 
+@pytest.mark.real_component
+def test_a_real_node_agent_with_an_xid_79_is_rebooted_through_hyperpods_reason(
+    tmp_path: Path,
+) -> None:
+    """The real `topowatch node` (simulated p5 hardware, XID 79 injected, no Kubernetes) behind
+    its health API, and the controller polling it: the same findings the EKS annotation would
+    carry lead to `Action:Reboot` (XID 79's first ladder step) on the real slurmctld."""
+    addresses = loopback_addresses(NODES)
+    port = free_port()
+    token = tmp_path / "health-token"
+    token.write_text(TOKEN + "\n")
+    topowatch = Path(sys.executable).with_name("topowatch")
+    argv = ["node", "--simulate", "p5.48xlarge", "--fault", "xid=79@gpu3", "--no-kubernetes"]
+    argv += ["--node-name", "gpu-1", "--health-token-file", str(token), "--interval", "1"]
+    argv += ["--listen", f"{addresses['gpu-1']}:{port}", "--kernel-log", "off"]
+    argv += ["--sim-root", str(tmp_path / "sim")]
+    agent = subprocess.Popen(
+        [str(topowatch), *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+
+        def asks() -> bool:
+            request = urllib.request.Request(
+                f"http://{addresses['gpu-1']}:{port}/api/v1/health",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=2) as answer:
+                    body = json.load(answer)
+            except (OSError, ValueError):
+                return False
+            return any(f["actionable"] for f in body["findings"])
+
+        _wait_for(asks, "the agent's actionable XID 79 finding")
+        with running_slurmctld(tmp_path / "slurm", NODES, addresses=addresses) as env:
+            raw = config(tmp_path, port)
+            service = build_service(settings_from_mapping(raw), env)
+            one_cycle(service)
+            assert service.counts.polls["ok"] == 1  # the other agents do not exist: unreachable
+            assert show(env, "gpu-1")["Reason"] == "Action:Reboot"
+            assert all(show(env, n)["Reason"] == "" for n in NODES[1:])
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+
+
 # --- a restart in the middle of an action ---------------------------------------------------------
 
 
@@ -493,3 +543,141 @@ def test_node_states_and_reasons(entry: dict[str, Any], out_of_service: bool, as
     node = _node(**entry)
     assert node.out_of_service == out_of_service
     assert asked_by_reason(node) == asked
+
+
+@pytest.mark.real_component
+def test_unreadable_state_file_holds_every_node_and_is_never_overwritten(tmp_path: Path) -> None:
+    """The file may hold the only record of an action under way: a controller that cannot read
+    it must not act (it could repeat that action), nor replace it; it says so and keeps serving."""
+    now = time.time()
+    with cluster(tmp_path) as (env, agents):
+        agents.agents["gpu-1"] = Behaviour([finding("row_remap_failure", "replace", now - 60)])
+        (tmp_path / "state.json").write_text('{"version": 1, "nodes": {"gpu-1": {"act')
+        service = build_service(settings_from_mapping(config(tmp_path, agents.port)), env)
+        one_cycle(service)
+        assert show(env, "gpu-1")["Reason"] == ""
+        assert "skip:malformed_state" in decisions(service)["gpu-1"]
+        assert (tmp_path / "state.json").read_text().endswith('"act')
+        assert "topowatch_slurm_state_file_ok 0" in encode_text(service.families()).decode()
+
+        newer = '{"version": 2, "nodes": {}}'
+        (tmp_path / "state.json").write_text(newer)
+        service = build_service(settings_from_mapping(config(tmp_path, agents.port)), env)
+        one_cycle(service)
+        assert service.state_problem is not None and "version 2" in service.state_problem
+        assert (tmp_path / "state.json").read_text() == newer
+
+
+# --- the health API answer, the poller, the state file, the settings ------------------------------
+
+
+def _body(**fields: Any) -> bytes:
+    base: dict[str, Any] = {"node": "gpu-1", "ready": True, "findings": []}
+    return json.dumps({**base, **fields}).encode()
+
+
+GOOD = finding("xid", "reboot", 1_795_000_000.0).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "outcome", "findings"),
+    [
+        # exporter/node/health_api.py: 200 with the annotation's findings list.
+        (200, _body(findings=[GOOD]), "ok", 1),
+        (200, _body(), "ok", 0),
+        # 401 without or with a wrong token; 503 before the first evaluation.
+        (401, b'{"error": "bearer token required"}', "unauthorized", 0),
+        (503, _body(ready=False), "not_ready", 0),
+        (200, _body(ready=False), "not_ready", 0),
+        # An address that now belongs to another host must not lend it its findings.
+        (200, _body(node="gpu-7", findings=[GOOD]), "wrong_node", 0),
+        (200, b"<html>proxy login</html>", "garbage", 0),
+        (200, b'{"findings": "none"}', "garbage", 0),
+        (200, b"[]", "garbage", 0),
+        (404, b"{}", "bad_status", 0),
+        # One unreadable finding: the rest is believed, the bad one is a problem.
+        (200, _body(findings=[GOOD, {"check": "x"}]), "ok", 1),
+    ],
+)
+def test_health_answers(status: int, body: bytes, outcome: str, findings: int) -> None:
+    from healthcheck.slurm.poller import read_answer
+
+    reading = read_answer("gpu-1", status, body, 1.0)
+    assert (reading.outcome, len(reading.findings)) == (outcome, findings)
+    assert reading.ok == (outcome == "ok")
+    if b'"check": "x"' in body:
+        assert len(reading.problems) == 1
+
+
+def test_poller_keeps_to_its_concurrency_bound(tmp_path: Path) -> None:
+    """40 agents each answering after 0.2 s, at most 8 requests in flight at any time."""
+    from healthcheck.slurm.poller import AgentPoller, Target
+
+    names = [f"n{i}" for i in range(40)]
+    addresses = {n: f"127.0.1.{i + 2}" for i, n in enumerate(names)}
+    agents = FakeAgents(addresses, free_port())
+    for name in names:
+        agents.agents[name] = Behaviour(mode="hang", hang_s=0.2)
+    poller = AgentPoller(TOKEN, agents.port, timeout_s=5, concurrency=8)
+    with agents.running():
+        readings = asyncio.run(poller.poll([Target(n, addresses[n]) for n in names]))
+    assert [r.node for r in readings] == names
+    assert len(agents.requests) == 40
+    starts = sorted(t for _, t in agents.requests)
+    # Any 9 consecutive request starts span at least one answer's 0.2 s: never 9 at once.
+    assert min(b - a for a, b in zip(starts, starts[8:], strict=False)) >= 0.15
+
+
+def test_state_file_round_trip_and_atomic_replacement(tmp_path: Path) -> None:
+    from healthcheck.slurm.statefile import StateFile
+    from healthcheck.state import RemediationState
+
+    path = tmp_path / "lib" / "state.json"
+    store = StateFile(path)
+    assert store.load() == {}
+    first = RemediationState("reboot", 100.0, "slurm", 1, "requested")
+    store.write_state("gpu-1", first)
+    store.write_state("gpu-2", RemediationState("replace", 200.0, "slurm", 2, "done"))
+    store.drop("gpu-2")
+    assert StateFile(path).load() == {"gpu-1": first}
+    assert oct(path.stat().st_mode & 0o777) == "0o640"
+    assert [p.name for p in path.parent.iterdir()] == ["state.json"]  # no temp file left
+
+
+@pytest.mark.parametrize(
+    ("raw", "complaint"),
+    [
+        ({"agents": {"prot": 1}}, "unknown setting"),
+        ({"slurm": {"method": "reboot-now"}}, "slurm.method"),
+        ({"remediation": {"policy": {"mode": "yolo"}}}, "observe|act"),
+        ({"agents": {"concurrency": 0}}, "concurrency"),
+        ({"slurm": {"exclude_nodes": ["gpu-[3-1]"]}}, "exclude_nodes"),
+        ({"listen": "0.0.0.0:http"}, "listen port"),
+    ],
+)
+def test_bad_settings_stop_the_start_with_a_clear_message(raw: Any, complaint: str) -> None:
+    from healthcheck.slurm.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=re.escape(complaint)):
+        settings_from_mapping(raw)
+    defaults = settings_from_mapping({})
+    assert defaults.policy.mode == "observe" and defaults.method == "hyperpod"
+
+
+@pytest.mark.parametrize("name", ["gpu-1;reboot", "gpu-1 state=idle", "$(id)", "gpu-1,gpu-2", ""])
+def test_shell_metacharacters_in_a_node_name_are_refused_before_scontrol(
+    tmp_path: Path, name: str
+) -> None:
+    from exporter.slurm.commands import SlurmCli, SlurmCommandError
+
+    called = tmp_path / "called"
+    fake = tmp_path / "scontrol"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {called}\n')
+    fake.chmod(0o755)
+    cli = SlurmCli(bin_dir=str(tmp_path))
+    with pytest.raises(SlurmCommandError, match="unsafe Slurm node name"):
+        cli.update_node(name, "fail", "Action:Reboot")
+    assert not called.exists()
+    cli.update_node("gpu-1", "drain", "topowatch: reboot: xid@gpu3; rm -rf /\nnext")
+    said = "update nodename=gpu-1 state=drain reason=topowatch: reboot: xid@gpu3; rm -rf / next"
+    assert called.read_text() == said + "\n"  # one argv word, the newline flattened
