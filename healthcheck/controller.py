@@ -250,6 +250,13 @@ class RemediationController:
         API): taken as it is, with `obj` passed to the providers."""
         self._inbox.put(("report", (report, obj), now))
 
+    def adopt_state(self, node: str, state: RemediationState) -> None:
+        """Replace what the controller holds for `node` with a state settled elsewhere (a Slurm
+        action found `requested` after a restart, now confirmed or withdrawn)."""
+        with self._lock:
+            self._states[node] = state
+            self._dirty.add(node)
+
     def handle_alerts(self, parsed: ParsedAlerts, now: float) -> None:
         self._inbox.put(("alerts", parsed, now))
 

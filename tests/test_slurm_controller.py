@@ -471,16 +471,18 @@ def _lines(path: Path, prefix: str) -> list[str]:
 
 
 @pytest.mark.real_component
-@pytest.mark.parametrize("crash", ["after", "before"])
+@pytest.mark.parametrize("crash", ["after", "before", "before-healed"])
 def test_restart_mid_action_neither_repeats_nor_forgets(tmp_path: Path, crash: str) -> None:
     """The controller is killed (SIGKILL) while scontrol runs: `after` the real update went
     through, or `before` it did. A restarted controller reads its state file (`requested`) and
-    slurmctld's Reason: `after` → confirmed, no second call; `before` → carried out, once."""
+    slurmctld's Reason: `after` → confirmed, no second call; `before` → carried out, once, as
+    the node still asks for it; `before-healed` → the node is healthy again: withdrawn, no call
+    (when in doubt, do not act)."""
     now = time.time()
     with cluster(tmp_path) as (env, agents):
         agents.agents["gpu-2"] = Behaviour([finding("row_remap_failure", "replace", now - 60)])
         wrappers = _wrappers(tmp_path)
-        (tmp_path / "hang").write_text(crash)
+        (tmp_path / "hang").write_text(crash.split("-")[0])
         config_file = tmp_path / "controller.yaml"
         raw = config(tmp_path, agents.port, slurm={"bin_dir": str(wrappers)})
         config_file.write_text(yaml.safe_dump(raw))
@@ -498,13 +500,19 @@ def test_restart_mid_action_neither_repeats_nor_forgets(tmp_path: Path, crash: s
         assert (show(env, "gpu-2")["Reason"] == "Action:Replace") == (crash == "after")
 
         (tmp_path / "hang").unlink()
+        if crash == "before-healed":
+            agents.agents["gpu-2"] = Behaviour([])
         second = _controller(config_file, env, once=True)
         output, _ = second.communicate(timeout=120)
         assert second.returncode == 0, output
 
+        state = json.loads((tmp_path / "state.json").read_text())["nodes"]["gpu-2"]
+        if crash == "before-healed":
+            assert _lines(log, "done ") == [] and show(env, "gpu-2")["Reason"] == ""
+            assert state["outcome"] == "failed" and "withdrawn: node healthy" in state["message"]
+            return
         assert len(_lines(log, "done ")) == 1, log.read_text()
         assert show(env, "gpu-2")["Reason"] == "Action:Replace"
-        state = json.loads((tmp_path / "state.json").read_text())["nodes"]["gpu-2"]
         assert state["outcome"] == "done" and state["attempts"] == 1
         assert ("slurmctld shows" in state["message"]) == (crash == "after")
         assert ("resumed after a restart" in state["message"]) == (crash == "before")

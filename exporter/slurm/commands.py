@@ -55,6 +55,7 @@ class SlurmCli:
         self.timeout_s = timeout_s
         self.bin_dir = bin_dir
         self.binaries = dict(binaries or {})  # a path per command name, over bin_dir and PATH
+        self._scontrol_lacks_json = False
 
     def binary(self, name: str) -> str:
         if name in self.binaries:
@@ -95,11 +96,13 @@ class SlurmCli:
     def nodes_json(self) -> str:
         """`scontrol show nodes --json` (Slurm 23.02+), else `sinfo --json` (21.08 to 22.05,
         where scontrol has no --json; both print the same `nodes` list)."""
-        try:
-            return self.run(["scontrol", "show", "nodes", "--json"])
-        except SlurmCommandError as exc:
-            if exc.kind != "failed" or not any(w in str(exc) for w in _UNKNOWN_OPTION):
-                raise
+        if not self._scontrol_lacks_json:
+            try:
+                return self.run(["scontrol", "show", "nodes", "--json"])
+            except SlurmCommandError as exc:
+                if exc.kind != "failed" or not any(w in str(exc) for w in _UNKNOWN_OPTION):
+                    raise
+                self._scontrol_lacks_json = True  # this Slurm will not learn it while we run
         return self.run(["sinfo", "--json"])
 
     def squeue_json(self) -> str:

@@ -108,6 +108,7 @@ class SlurmControllerService:
         self.last_cycle_at: float | None = None
         self.slurmctld_problem = ""
         self._reconciled = False
+        self._unresolved: dict[str, str] = {}  # `requested` before a restart, not yet confirmed
         self._file_sd_text = ""
 
     # -- start-up --
@@ -156,7 +157,9 @@ class SlurmControllerService:
             self._take_reading(reading, facts)
 
         targets = [Target(n.name, n.address) for n in polled]
-        await self.poller.poll(targets, arrived)
+        readings = await self.poller.poll(targets, arrived)
+        if self._unresolved:
+            await asyncio.to_thread(self._resume_asked, readings, self.clock())
         if self.settings.placement and self.placement is not None:
             await self._read_placement()
         self.counts.cycles["ok"] += 1
@@ -212,26 +215,46 @@ class SlurmControllerService:
 
     def _reconcile(self, now: float) -> None:
         """Actions a previous run recorded as `requested` (it stopped between the decision and
-        the outcome): confirmed from slurmctld, or carried out now, once."""
+        the outcome): confirmed from slurmctld now; the rest wait for their node's answer this
+        cycle (`_resume_asked`)."""
         self._reconciled = True
         if self.state_problem is not None:
             return
         for item in reconcile(self.states, self.nodes):
-            state = self.states[item.node]
             self.counts.resumed[item.verdict] += 1
-            if item.verdict == "resume" and self.settings.policy.mode == "act":
-                self._resume(item.node, state, item.detail, now)
+            if item.verdict == "resume":
+                self._unresolved[item.node] = item.detail
                 continue
             outcome = "done" if item.verdict == "confirmed" else "failed"
-            message = f"after a restart: {item.detail}"
-            if item.verdict == "resume":  # observe mode now: record, do not act
-                message = f"after a restart in observe mode, not carried out: {item.detail}"
-            self._finish(item.node, state, outcome, message, now)
+            self._finish(item.node, outcome, f"after a restart: {item.detail}", now)
 
-    def _resume(self, node: str, state: RemediationState, detail: str, now: float) -> None:
+    def _resume_asked(self, readings: Sequence[AgentReading], now: float) -> None:
+        """An action decided before a restart and never carried out is carried out now, once,
+        if the node still asks for it (its agent answered, findings that ask for an action) and
+        the mode is still act; withdrawn if the node is healthy again; left `requested` (so
+        nothing else happens to the node) while its agent does not answer."""
+        answered = {r.node: r for r in readings if r.node in self._unresolved}
+        for node, reading in sorted(answered.items()):
+            if not reading.ok:
+                continue
+            detail = self._unresolved.pop(node)
+            asking = any(f.actionable and f.action != "none" for f in reading.findings)
+            if not asking:
+                self._finish(
+                    node, "failed", f"after a restart, withdrawn: node healthy; {detail}", now
+                )
+            elif self.settings.policy.mode != "act":
+                self._finish(
+                    node, "failed", f"after a restart, not carried out (observe); {detail}", now
+                )
+            else:
+                self._resume(node, detail, now)
+
+    def _resume(self, node: str, detail: str, now: float) -> None:
+        state = self.states[node]
         provider = next((p for p in self.controller.providers if isinstance(p, SlurmNodes)), None)
         if provider is None:
-            self._finish(node, state, "failed", "after a restart: no slurm provider", now)
+            self._finish(node, "failed", "after a restart: no slurm provider", now)
             return
         request = ActionRequest(
             node,
@@ -240,7 +263,6 @@ class SlurmControllerService:
             {"triggers": ["resumed after restart"]},
         )
         [result] = provider.execute([request])
-        outcome = "done" if result.ok else "failed"
         self.controller.auditor.outcome(
             node,
             state.action,
@@ -248,11 +270,13 @@ class SlurmControllerService:
             f"resumed after a restart ({detail}): {result.detail}",
             now,
         )
-        self._finish(node, state, outcome, f"resumed after a restart: {result.detail}", now)
+        outcome = "done" if result.ok else "failed"
+        self._finish(node, outcome, f"resumed after a restart: {result.detail}", now)
 
-    def _finish(
-        self, node: str, state: RemediationState, outcome: str, message: str, now: float
-    ) -> None:
+    def _finish(self, node: str, outcome: str, message: str, now: float) -> None:
+        """Record the outcome of an action found `requested` after a restart, in the file and in
+        the controller (which holds the `requested` state until told)."""
+        state = self.states[node]
         finished = state.finished(cast(Outcome, outcome), now, message)
         try:
             self.state_file.write_state(node, finished)
@@ -260,6 +284,7 @@ class SlurmControllerService:
             log.error("cannot record the outcome for %s: %s", node, exc)
             return
         self.states[node] = finished
+        self.controller.adopt_state(node, finished)
         self.controller.auditor.lifecycle(node, f"restart_{outcome}", message, now, state.action)
 
     def _write_file_sd(self) -> None:
