@@ -15,6 +15,7 @@ import hmac
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
 
 from healthcheck.state import ACTIONS, Action
@@ -46,6 +47,21 @@ class AlertSignal:
 class ParsedAlerts:
     signals: tuple[AlertSignal, ...]
     ignored: tuple[str, ...]  # why each skipped alert was skipped
+
+
+class TokenFileError(ValueError):
+    """A bearer token file that cannot be read or is empty; the message names the file."""
+
+
+def read_token_file(path: Path) -> str:
+    """A bearer token from a file (stripped); never logs or returns it in an error."""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise TokenFileError(f"cannot read token file {path}: {exc.strerror}") from exc
+    if not token:
+        raise TokenFileError(f"token file {path} is empty")
+    return token
 
 
 def bearer_ok(authorization: str | None, expected: str | None) -> bool:

@@ -214,7 +214,9 @@ def _add_domain(family: Family, head: str, domain: str, values: Sequence[int]) -
         family.add_rendered(f'{prefix}{state}"}}', value)
 
 
-def _workload_families(model: ClusterModel, cap: int) -> Iterable[Family]:
+def workload_placement_families() -> tuple[Family, Family, Family, Family]:
+    """Domains spanned, worst-pair hops, topology request met, GPUs held: one meaning whichever
+    scheduler placed the workload (Kueue here, Slurm in exporter.slurm.metrics)."""
     spanned = Family(
         "topowatch_workload_domains",
         GAUGE,
@@ -231,6 +233,11 @@ def _workload_families(model: ClusterModel, cap: int) -> Iterable[Family]:
         "1 when a live workload's pods sit in one domain of the level it asked for.",
     )
     gpus = Family("topowatch_workload_gpus", GAUGE, "GPUs held by a live workload's pods.")
+    return spanned, hops, met, gpus
+
+
+def _workload_families(model: ClusterModel, cap: int) -> Iterable[Family]:
+    spanned, hops, met, gpus = workload_placement_families()
     capped = Family(
         "topowatch_cluster_workload_series_dropped",
         GAUGE,

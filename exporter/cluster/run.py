@@ -251,13 +251,12 @@ def controller_from_mapping(
 
 
 def read_token(path: Path) -> str:
+    from healthcheck.alerts import TokenFileError, read_token_file
+
     try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise RemediationConfigError(f"cannot read token file {path}: {exc.strerror}") from exc
-    if not token:
-        raise RemediationConfigError(f"token file {path} is empty")
-    return token
+        return read_token_file(path)
+    except TokenFileError as exc:
+        raise RemediationConfigError(str(exc)) from exc
 
 
 def _freeze_after_sync(informers: InformerSet) -> None:

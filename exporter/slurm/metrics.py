@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from exporter.cluster.metrics import workload_placement_families
 from exporter.exposition import GAUGE, Family
 from exporter.slurm.jobs import SlurmJob
 from exporter.slurm.placement import JobPlacement, NodeState, judge_all
@@ -46,22 +47,7 @@ def render(
     job_cap: int = DEFAULT_JOB_CAP,
 ) -> list[Family]:
     head = [("scheduler", "slurm"), ("cluster", cluster)]
-    spanned = Family(
-        "topowatch_workload_domains",
-        GAUGE,
-        "Distinct topology domains a live workload's pods span, per level.",
-    )
-    hops = Family(
-        "topowatch_workload_worst_pair_hops",
-        GAUGE,
-        "Largest network hop distance between two of a live workload's nodes.",
-    )
-    met = Family(
-        "topowatch_workload_topology_satisfied",
-        GAUGE,
-        "1 when a live workload's pods sit in one domain of the level it asked for.",
-    )
-    gpus = Family("topowatch_workload_gpus", GAUGE, "GPUs held by a live workload's pods.")
+    spanned, hops, met, gpus = workload_placement_families()
     ultra = Family(
         "topowatch_slurm_job_one_ultraserver",
         GAUGE,

@@ -22,7 +22,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 from aiohttp import web
@@ -41,14 +40,14 @@ from exporter.slurm.commands import SlurmCli, SlurmCommandError
 from exporter.slurm.nodes import SlurmNode, parse_nodes
 from healthcheck.actions.base import ActionRequest
 from healthcheck.actions.slurm import SlurmNodes
-from healthcheck.alerts import bearer_ok
+from healthcheck.alerts import bearer_ok, read_token_file
 from healthcheck.audit import AuditRecord
 from healthcheck.controller import RemediationController
 from healthcheck.findings import Finding
 from healthcheck.slurm import file_sd
 from healthcheck.slurm.poller import OUTCOMES, AgentPoller, AgentReading, Target
 from healthcheck.slurm.reports import Facts, node_object, reconcile, report, worth_polling
-from healthcheck.slurm.settings import Settings, SettingsError
+from healthcheck.slurm.settings import Settings
 from healthcheck.slurm.statefile import StateFile, StateFileError, atomic_write
 from healthcheck.state import Outcome, RemediationState
 
@@ -110,6 +109,7 @@ class SlurmControllerService:
         self._reconciled = False
         self._unresolved: dict[str, str] = {}  # `requested` before a restart, not yet confirmed
         self._file_sd_text = ""
+        self.admin_token: str | None = None  # resets the breaker over HTTP; none: refused
 
     # -- start-up --
 
@@ -427,20 +427,9 @@ def build_app(service: SlurmControllerService, admin_token: str | None) -> web.A
 # --- the process ----------------------------------------------------------------------------
 
 
-def read_token(path: Path, what: str) -> str:
-    """A bearer token from a file (first line, stripped); a clear error, never the token."""
-    try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise SettingsError(f"cannot read the {what} {path}: {exc.strerror}") from exc
-    if not token:
-        raise SettingsError(f"the {what} {path} is empty")
-    return token
-
-
 def build_service(settings: Settings, env: dict[str, str] | None = None) -> SlurmControllerService:
-    """Everything wired from the settings; SettingsError when a token file cannot be read."""
-    token = read_token(settings.token_file, "agent token file")
+    """Everything wired from the settings; TokenFileError when a token file cannot be read."""
+    token = read_token_file(settings.token_file)
     cli = SlurmCli(env=env, timeout_s=settings.slurm_timeout_s, bin_dir=settings.bin_dir)
     state_file = StateFile(settings.state_file)
     controller = RemediationController(
@@ -459,6 +448,8 @@ def build_service(settings: Settings, env: dict[str, str] | None = None) -> Slur
     service = SlurmControllerService(
         settings, cli, poller, controller, state_file, placement=_placement(settings)
     )
+    if settings.admin_token_file is not None:
+        service.admin_token = read_token_file(settings.admin_token_file)
     service.load_state()
     return service
 
@@ -489,12 +480,7 @@ async def serve(
 ) -> None:
     """Serve HTTP, run the controller thread, cycle every interval until `stop`."""
     settings = service.settings
-    admin = (
-        read_token(settings.admin_token_file, "admin token file")
-        if settings.admin_token_file
-        else None
-    )
-    runner = web.AppRunner(build_app(service, admin), access_log=None)
+    runner = web.AppRunner(build_app(service, service.admin_token), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.listen_host, settings.listen_port)
     await site.start()
