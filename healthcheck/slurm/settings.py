@@ -56,7 +56,7 @@ class Settings:
     method: Method = "hyperpod"
     opt_out_feature: str = OPT_OUT_FEATURE
     exclude_nodes: frozenset[str] = frozenset()
-    state_file: Path = Path("/var/lib/topowatch/slurm-controller-state.json")
+    state_file: Path = Path("/var/lib/topowatch-slurm-controller/slurm-controller-state.json")
     admin_token_file: Path | None = None
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     file_sd: Path | None = None
