@@ -81,11 +81,11 @@ def test_the_example_config_parses_in_observe_mode_and_shows_every_setting() -> 
     assert set(raw["agents"]) == _AGENT_KEYS and set(raw["slurm"]) == _SLURM_KEYS
     assert set(raw["prometheus"]) == _PROMETHEUS_KEYS
     assert set(raw["remediation"]) == _REMEDIATION_KEYS - {"admin_token_file"}  # ditto
-    # Every value shown is the default, but for the two paths in the unit's state directory.
+    # Every value shown is the default, but file_sd (off by default) in the state directory.
     differ = {
         name for name in Settings.__slots__ if getattr(settings, name) != getattr(Settings(), name)
     }
-    assert differ == {"state_file", "file_sd"}
+    assert differ == {"file_sd"}
     assert settings.state_file.parent == Path(STATE_DIR)
     assert settings.file_sd is not None and settings.file_sd.is_relative_to(STATE_DIR)
 
