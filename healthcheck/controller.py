@@ -621,7 +621,7 @@ class RemediationController:
     def _act(
         self, acts: list[tuple[Decision, _NodeView]], now: float, records: list[AuditRecord]
     ) -> None:
-        ready: list[ActionRequest] = []
+        planned: list[tuple[RemediationState, ActionRequest]] = []
         priors: dict[str, tuple[LadderMark, ...]] = {}
         rungs: dict[str, tuple[Rung, ...]] = {}
         ladder = self.config.ladder
@@ -654,11 +654,12 @@ class RemediationController:
                     else (prior.deep_check if prior is not None else None)
                 ),
             )
-            if not self._store(decision.node, state, now, records):
-                continue  # no record of it → no action (a restart could repeat it)
-            ready.append(
-                ActionRequest(decision.node, decision.action, view.obj, decision.as_dict())
+            planned.append(
+                (state, ActionRequest(decision.node, decision.action, view.obj, decision.as_dict()))
             )
+        # No record of it → no action (a restart could repeat it).
+        stored = self._store_many([(r.node, state) for state, r in planned], now, records)
+        ready = [r for _, r in planned if r.node in stored]
         if not ready:
             return
         called = self.clock()
@@ -708,6 +709,7 @@ class RemediationController:
                 )
                 if result.ok and did is not None:
                     performed[result.node].append(did)
+        finals: list[tuple[str, RemediationState]] = []
         for request in ready:
             got = results[request.node]
             ok = bool(got) and all(r.ok for r in got)
@@ -734,8 +736,9 @@ class RemediationController:
             elif request.action == "deep-check":  # no check started: the last one stands
                 prior = prior_states[request.node]
                 final = replace(final, deep_check=prior.deep_check if prior else None)
-            self._store(request.node, final, now, records)
+            finals.append((request.node, final))
             records.append(self.auditor.outcome(request.node, request.action, ok, detail, now))
+        self._store_many(finals, now, records)
 
     def _deep_checks(self) -> tuple[str, ...]:
         """The deep health checks the providers that can run one ask for (empty: none can)."""
@@ -787,6 +790,25 @@ class RemediationController:
         with self._lock:
             self._states[node] = state
         return True
+
+    def _store_many(
+        self, items: list[tuple[str, RemediationState]], now: float, records: list[AuditRecord]
+    ) -> set[str]:
+        """Store several nodes' states; the nodes whose state was written. A writer that can
+        write them at once (`write_states`: the Slurm state file, one atomic replacement
+        instead of one per node) is asked once, and then all or none are written."""
+        write_states = getattr(self.writer, "write_states", None)
+        if write_states is None or len(items) < 2:
+            return {node for node, state in items if self._store(node, state, now, records)}
+        try:
+            write_states(items)
+        except Exception as exc:
+            for node, _ in items:
+                records.append(self.auditor.problem(node, "state_write_failed", str(exc), now))
+            return set()
+        with self._lock:
+            self._states.update(items)
+        return {node for node, _ in items}
 
     def _post_events(self, records: Iterable[AuditRecord]) -> None:
         """An Event per record about a node we know, in observe mode too. Events never hold up

@@ -471,6 +471,46 @@ def _lines(path: Path, prefix: str) -> list[str]:
 
 
 @pytest.mark.real_component
+def test_nodes_turning_bad_together_cost_one_scontrol_call(tmp_path: Path) -> None:
+    """Three nodes asking for a replacement in one round: one `scontrol update nodename=a,b,c`
+    (each call takes slurmctld's node lock; one by one they queue behind each other)."""
+    now = time.time()
+    with cluster(tmp_path) as (env, agents):
+        for node in ("gpu-1", "gpu-2", "gpu-4"):
+            agents.agents[node] = Behaviour([finding("row_remap_failure", "replace", now - 60)])
+        wrappers = _wrappers(tmp_path)
+        raw = config(tmp_path, agents.port, slurm={"bin_dir": str(wrappers)})
+        raw["remediation"]["policy"]["budget"] = {"nodes": 10}
+        service = build_service(settings_from_mapping(raw), env)
+        asyncio.run(service.cycle())
+        service.controller.run_once(timeout=5)
+        calls = _lines(tmp_path / "scontrol.log", "done ")
+        assert len(calls) == 1, calls
+        assert "nodename=gpu-1,gpu-2,gpu-4 state=fail reason=Action:Replace" in calls[0]
+        assert {show(env, n)["Reason"] for n in ("gpu-1", "gpu-2", "gpu-4")} == {"Action:Replace"}
+
+
+@pytest.mark.real_component
+def test_a_full_disk_means_no_action(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `requested` record cannot be written (ENOSPC): nothing is asked of slurmctld, since a
+    restart could not know it had been; each node's failure is audited."""
+    now = time.time()
+    with cluster(tmp_path) as (env, agents):
+        for node in ("gpu-1", "gpu-2"):
+            agents.agents[node] = Behaviour([finding("row_remap_failure", "replace", now - 60)])
+        service = build_service(settings_from_mapping(config(tmp_path, agents.port)), env)
+
+        def full(*_: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(service.state_file, "_write", full)
+        one_cycle(service)
+        assert show(env, "gpu-1")["Reason"] == show(env, "gpu-2")["Reason"] == ""
+        assert service.controller.auditor.problems["state_write_failed"] == 2
+        assert not (tmp_path / "state.json").exists()
+
+
+@pytest.mark.real_component
 @pytest.mark.parametrize("crash", ["after", "before", "before-healed"])
 def test_restart_mid_action_neither_repeats_nor_forgets(tmp_path: Path, crash: str) -> None:
     """The controller is killed (SIGKILL) while scontrol runs: `after` the real update went
@@ -684,8 +724,8 @@ def test_shell_metacharacters_in_a_node_name_are_refused_before_scontrol(
     fake.chmod(0o755)
     cli = SlurmCli(bin_dir=str(tmp_path))
     with pytest.raises(SlurmCommandError, match="unsafe Slurm node name"):
-        cli.update_node(name, "fail", "Action:Reboot")
+        cli.update_nodes([name], "fail", "Action:Reboot")
     assert not called.exists()
-    cli.update_node("gpu-1", "drain", "topowatch: reboot: xid@gpu3; rm -rf /\nnext")
+    cli.update_nodes(["gpu-1"], "drain", "topowatch: reboot: xid@gpu3; rm -rf /\nnext")
     said = "update nodename=gpu-1 state=drain reason=topowatch: reboot: xid@gpu3; rm -rf / next"
     assert called.read_text() == said + "\n"  # one argv word, the newline flattened

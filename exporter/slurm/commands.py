@@ -110,24 +110,25 @@ class SlurmCli:
 
     # -- writes (names checked first) --
 
-    def update_node(self, node: str, state: str, reason: str) -> None:
-        """`scontrol update nodename=N state=S reason=R`: the only way HyperPod is asked to reboot
-        or replace a Slurm node (state=fail reason=Action:Reboot|Action:Replace)."""
-        self._check(node)
+    def update_nodes(self, nodes: Sequence[str], state: str, reason: str) -> None:
+        """`scontrol update nodename=N1,N2 state=S reason=R`: the only way HyperPod is asked to
+        reboot or replace a Slurm node (state=fail reason=Action:Reboot|Action:Replace). One
+        call for many nodes: each call costs slurmctld a round trip and a node-table lock."""
+        names = self._check(nodes)
         self.run(
             [
                 "scontrol",
                 "update",
-                f"nodename={node}",
+                f"nodename={names}",
                 f"state={state}",
                 f"reason={safe_reason(reason)}",
             ]
         )
 
-    def reboot_asap(self, node: str, reason: str) -> None:
-        """`scontrol reboot ASAP nextstate=resume reason=R N`: drain, reboot when the node's jobs
-        end (RebootProgram in slurm.conf), back into service when slurmd registers again."""
-        self._check(node)
+    def reboot_asap(self, nodes: Sequence[str], reason: str) -> None:
+        """`scontrol reboot ASAP nextstate=resume reason=R N1,N2`: drain, reboot when the node's
+        jobs end (RebootProgram in slurm.conf), back into service when slurmd registers again."""
+        names = self._check(nodes)
         self.run(
             [
                 "scontrol",
@@ -135,11 +136,14 @@ class SlurmCli:
                 "ASAP",
                 "nextstate=resume",
                 f"reason={safe_reason(reason)}",
-                node,
+                names,
             ]
         )
 
     @staticmethod
-    def _check(node: str) -> None:
-        if not safe_node_name(node):
-            raise SlurmCommandError(f"refused: unsafe Slurm node name {node!r}", "refused")
+    def _check(nodes: Sequence[str]) -> str:
+        """The names as one comma-separated scontrol word, every one checked first."""
+        unsafe = [n for n in nodes if not safe_node_name(n)] or ([] if nodes else [""])
+        if unsafe:
+            raise SlurmCommandError(f"refused: unsafe Slurm node name {unsafe[0]!r}", "refused")
+        return ",".join(nodes)

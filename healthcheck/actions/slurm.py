@@ -62,24 +62,60 @@ class SlurmNodes:
         return request.node
 
     def execute(self, requests: Sequence[ActionRequest]) -> list[ActionResult]:
-        return [self._act(r) for r in requests]
+        """One scontrol call per distinct (command, state, reason): with the hyperpod method that
+        is one call per action however many nodes turned bad in the round (each call takes
+        slurmctld's node lock; one at a time, 40 nodes cost seconds on a 2,000-node cluster).
+        A failed call is retried node by node, so one bad name fails only its own node (the
+        same update twice is harmless: the same state and reason)."""
+        results: list[ActionResult] = []
+        groups: dict[tuple[str, str, str, str], list[tuple[ActionRequest, str]]] = {}
+        for request in requests:
+            name = self.slurm_name(request)
+            if not safe_node_name(name):
+                results.append(
+                    ActionResult(request.node, False, f"unusable Slurm node name {name!r}")
+                )
+                continue
+            groups.setdefault(self._plan(request), []).append((request, name))
+        for plan, members in groups.items():
+            try:
+                self._call(plan, [name for _, name in members])
+            except SlurmCommandError as exc:
+                if len(members) > 1:
+                    results += self._one_by_one(plan, members)
+                    continue
+                results.append(ActionResult(members[0][0].node, False, str(exc)))
+                continue
+            results += [ActionResult(r.node, True, f"slurm node {n} {plan[3]}") for r, n in members]
+        return results
 
-    def _act(self, request: ActionRequest) -> ActionResult:
-        name = self.slurm_name(request)
-        if not safe_node_name(name):
-            return ActionResult(request.node, False, f"unusable Slurm node name {name!r}")
-        triggers = [str(t) for t in request.decision.get("triggers") or []]
-        reason = our_reason(request.action, triggers)
-        try:
-            if self.method == "hyperpod":
-                self.cli.update_node(name, "fail", REASON[request.action])
-                said = f"state=fail reason={REASON[request.action]}"
-            elif self.method == "reboot-asap" and request.action == "reboot":
-                self.cli.reboot_asap(name, reason)
-                said = "reboot ASAP nextstate=resume"
+    def _one_by_one(
+        self, plan: tuple[str, str, str, str], members: Sequence[tuple[ActionRequest, str]]
+    ) -> list[ActionResult]:
+        results: list[ActionResult] = []
+        for request, name in members:
+            try:
+                self._call(plan, [name])
+            except SlurmCommandError as exc:
+                results.append(ActionResult(request.node, False, str(exc)))
             else:
-                self.cli.update_node(name, "drain", reason)
-                said = "state=drain"
-        except SlurmCommandError as exc:
-            return ActionResult(request.node, False, str(exc))
-        return ActionResult(request.node, True, f"slurm node {name} {said}")
+                results.append(ActionResult(request.node, True, f"slurm node {name} {plan[3]}"))
+        return results
+
+    def _plan(self, request: ActionRequest) -> tuple[str, str, str, str]:
+        """(command, state, reason, what to say) for one request."""
+        triggers = [str(t) for t in request.decision.get("triggers") or []]
+        if self.method == "hyperpod":
+            reason = REASON[request.action]
+            return ("update", "fail", reason, f"state=fail reason={reason}")
+        reason = our_reason(request.action, triggers)
+        if self.method == "reboot-asap" and request.action == "reboot":
+            return ("reboot", "", reason, "reboot ASAP nextstate=resume")
+        return ("update", "drain", reason, "state=drain")
+
+    def _call(self, plan: tuple[str, str, str, str], names: list[str]) -> None:
+        command, state, reason, _ = plan
+        if command == "reboot":
+            self.cli.reboot_asap(names, reason)
+        else:
+            self.cli.update_nodes(names, state, reason)

@@ -66,6 +66,9 @@ class _StateFileWriter:
     def write_state(self, node: str, state: RemediationState) -> None:
         self.state_file.write_state(node, state)
 
+    def write_states(self, items: Sequence[tuple[str, RemediationState]]) -> None:
+        self.state_file.write_states(items)
+
     def post_event(self, record: AuditRecord) -> None:
         return None
 

@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +54,14 @@ class StateFile:
         return states
 
     def write_state(self, node: str, state: RemediationState) -> None:
+        self.write_states([(node, state)])
+
+    def write_states(self, items: Sequence[tuple[str, RemediationState]]) -> None:
+        """Several nodes in one atomic replacement: all of them on disk, or none."""
         with self._lock:
             if self.problem is not None:
                 raise StateFileError(f"state file not writable: {self.problem}")
-            states = {**self._states, node: state}
+            states = {**self._states, **dict(items)}
             self._write(states)
             self._states = states
 
