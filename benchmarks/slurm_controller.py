@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -62,6 +63,12 @@ from tests.slurm_harness import binary, running_slurmctld
 
 INTERVAL_S = 30.0  # interval_seconds in production: the figure a cycle must fit in
 CHECK, ACTION = "row_remap_failure", "replace"  # straight to Action:Replace (DEFAULT_LADDER)
+# No slurmd runs: slurmctld's pings fail and, about 25 s after its start, it flags every node
+# NOT_RESPONDING (SlurmdTimeout=0 stops the DOWN, not the flag), which the controller rightly
+# neither polls nor touches. The sinfo wrapper renames the flag, so the nodes look as they do
+# on a cluster whose slurmds answer; everything else in the node list is slurmctld's own.
+NO_SLURMD = "BENCH_NO_SLURMD"
+SLURM_CONF_EXTRA = ("SlurmdTimeout=0",)
 
 
 def node_name(index: int) -> str:
@@ -188,12 +195,18 @@ class Agents:
 
 
 def wrappers(tmp: Path, log: Path) -> Path:
-    """bin_dir: sinfo and squeue as they are; scontrol logs `<time> <nodename=N>` for each
-    update before it execs the real one."""
+    """bin_dir: squeue as it is; scontrol logs `<time> <nodename=N>` for each update before it
+    execs the real one; sinfo renames the NOT_RESPONDING flag (see NO_SLURMD)."""
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
-    for name in ("sinfo", "squeue"):
-        (bin_dir / name).symlink_to(binary(name))
+    (bin_dir / "squeue").symlink_to(binary("squeue"))
+    (bin_dir / "sinfo").write_text(
+        f"""#!/bin/sh
+set -e
+{binary("sinfo")} "$@" | sed 's/"NOT_RESPONDING"/"{NO_SLURMD}"/g'
+"""
+    )
+    (bin_dir / "sinfo").chmod(0o755)
     (bin_dir / "scontrol").write_text(
         f"""#!/bin/sh
 if [ "$1" = update ]; then echo "$(date +%s.%N) $2" >> {log}; fi
@@ -211,9 +224,9 @@ def scontrol_calls(log: Path) -> dict[str, float]:
         return calls
     for line in log.read_text().splitlines():
         at, _, word = line.partition(" ")
-        node = word.partition("=")[2]
-        if node and at:
-            calls.setdefault(node, float(at))
+        for node in word.partition("=")[2].split(","):  # one call names every node it asks
+            if node and at:
+                calls.setdefault(node, float(at))
     return calls
 
 
@@ -257,6 +270,8 @@ class Run:
     period: float = 0.0
     missing: list[str] = field(default_factory=list)
     polls: dict[str, int] = field(default_factory=dict)
+    gaps: list[float] = field(default_factory=list)  # between consecutive scontrol starts
+    calls: int = 0  # scontrol update calls (one names every node of its round and action)
 
 
 def instrument(service: SlurmControllerService, received: dict[str, float], run: Run) -> None:
@@ -311,6 +326,7 @@ async def measure(
         for _ in range(args.cycles):
             run.quiet.append(await timed_cycle(service))
         if not bad_nodes:
+            run.polls = dict(service.counts.polls)
             return run
         # The nodes turn bad at uniformly random moments over `detect_cycles` intervals; one more
         # cycle picks up those that turned bad during the last interval.
@@ -340,6 +356,9 @@ async def measure(
         run.end_to_end.append(calls[node] - actionable[node])
         run.poll_wait.append(received[node] - actionable[node])
     run.polls = dict(service.counts.polls)
+    starts = sorted(set(calls.values()))  # one start per call, however many nodes it named
+    run.calls = len(starts)
+    run.gaps = [b - a for a, b in itertools.pairwise(starts) if b - a < 1.0]
     return run
 
 
@@ -369,29 +388,32 @@ def report(nodes: int, runs: list[Run]) -> None:
         f" {'e2e p50 s':>9} {'p99 s':>6} {'(period s)':>10}"
     )
     for run in runs:
-        every = run.quiet + run.busy
-        worst = max(every)
+        worst = max(run.quiet + run.busy)
+        busy_median = f"{statistics.median(run.busy):.2f}" if run.busy else "-"
+        busy_max = f"{max(run.busy):.2f}" if run.busy else "-"
         print(
             f"{nodes:>6} {run.concurrency:>5} {statistics.median(run.quiet):>11.2f}"
-            f" {max(run.quiet):>6.2f} {worst / INTERVAL_S:>8.3f}"
-            f" {statistics.median(run.busy) if run.busy else float('nan'):>10.2f}"
-            f" {max(run.busy) if run.busy else float('nan'):>6.2f}"
+            f" {max(run.quiet):>6.2f} {worst / INTERVAL_S:>8.3f} {busy_median:>10} {busy_max:>6}"
             f" {ms(run.detection, 50):>10} {ms(run.detection, 99):>7} {len(run.detection):>4}"
             f" {seconds(run.end_to_end, 50):>9} {seconds(run.end_to_end, 99):>6}"
-            f" {run.period or float('nan'):>10.0f}"
+            f" {f'{run.period:g}' if run.period else '-':>10}"
         )
     print()
     for run in runs:
         print(
             f"concurrency {run.concurrency}: quiet cycles "
             + ", ".join(f"{c:.2f}" for c in run.quiet)
-            + " s; detection cycles "
-            + (", ".join(f"{c:.2f}" for c in run.busy) or "-")
             + " s"
+            + (
+                "; detection cycles " + ", ".join(f"{c:.2f}" for c in run.busy) + " s"
+                if run.busy
+                else ""
+            )
         )
         if run.node_list:
             print(
-                f"  node list from slurmctld (scontrol --json refused by 22.05, then sinfo --json):"
+                f"  node list from slurmctld (scontrol --json refused by 22.05, then sinfo --json"
+                f" | sed):"
                 f" median {statistics.median(run.node_list):.2f} s of each cycle"
             )
         if run.detection:
@@ -406,6 +428,12 @@ def report(nodes: int, runs: list[Run]) -> None:
                 f" end to end p50 {seconds(run.end_to_end, 50)} s, p99"
                 f" {seconds(run.end_to_end, 99)} s, max {max(run.end_to_end):.1f} s,"
                 f" with a cycle started every {run.period:g} s"
+            )
+        if run.gaps:
+            print(
+                f"  scontrol update calls: {run.calls} for {run.bad - len(run.missing)} nodes;"
+                f" median {ms(run.gaps, 50)} ms between consecutive call starts"
+                f" (n={len(run.gaps)})"
             )
         if run.missing:
             print(f"  NOT acted on: {len(run.missing)} of {run.bad}: {run.missing[:5]}")
@@ -486,7 +514,7 @@ def main() -> None:
         f"slurm controller: {args.nodes} nodes in a real slurmctld ({binary('slurmctld')}),"
         f" agents: one aiohttp server in a separate process answering on {args.nodes} loopback"
         f" addresses; controller thread started as serve() does; {os.cpu_count()} cores shared"
-        " by all",
+        f" by all; sinfo's NOT_RESPONDING flag renamed {NO_SLURMD} (no slurmd runs)",
         flush=True,
     )
     names = [node_name(i) for i in range(args.nodes)]
@@ -496,7 +524,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="slurm-bench-") as directory:
             tmp = Path(directory)
             began = time.monotonic()
-            with running_slurmctld(tmp, names, addresses=addresses) as env:
+            with running_slurmctld(
+                tmp, names, addresses=addresses, extra_conf=SLURM_CONF_EXTRA
+            ) as env:
                 print(f"slurmctld up in {time.monotonic() - began:.1f} s", flush=True)
                 runs = asyncio.run(main_async(args, tmp, env, agents))
     finally:

@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,11 +36,13 @@ def slurm_conf(
     topology: bool,
     slurmd: bool = False,
     addresses: Mapping[str, str] | None = None,
+    extra: Sequence[str] = (),
 ) -> str:
     """`slurmd`: one NodeName line per node with its own Port=, so one slurmd per node can run
     on this one host (`slurmd -N NAME`), each with its own spool, pid and log file (%n).
     `addresses`: a NodeAddr per node (127.0.0.0/8 is all loopback: an agent per node can listen
-    on its own address with the port every agent shares, as on a real cluster)."""
+    on its own address with the port every agent shares, as on a real cluster).
+    `extra`: more slurm.conf lines, after the others (e.g. `SlurmdTimeout=0`)."""
     if addresses is None and not slurmd:
         node_lines = [f"NodeName={compress(nodes)} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN"]
     else:
@@ -80,6 +82,7 @@ def slurm_conf(
             "MpiDefault=none",
             *node_lines,
             "PartitionName=all Nodes=ALL Default=YES State=UP",
+            *extra,
             "",
         ]
     )
@@ -93,6 +96,7 @@ def running_slurmctld(
     probe: str = "node",
     slurmd: bool = False,
     addresses: Mapping[str, str] | None = None,
+    extra_conf: Sequence[str] = (),
 ) -> Iterator[dict[str, str]]:
     """Start slurmctld, wait until `scontrol show PROBE` answers, yield the env, stop it.
 
@@ -106,7 +110,7 @@ def running_slurmctld(
         for name in nodes:
             (tmp / "spool" / name).mkdir(exist_ok=True)
     (tmp / "slurm.conf").write_text(
-        slurm_conf(tmp, nodes, topology_conf is not None, slurmd, addresses)
+        slurm_conf(tmp, nodes, topology_conf is not None, slurmd, addresses, extra_conf)
     )
     if topology_conf is not None:
         (tmp / "topology.conf").write_text(topology_conf)
