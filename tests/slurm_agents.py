@@ -8,9 +8,11 @@ endpoint is tested against the same contract in tests/test_node_host.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -40,15 +42,24 @@ class _Handler(BaseHTTPRequestHandler):
     node_of: ClassVar[dict[str, str]]  # address → node
     token: ClassVar[str]
     requests: ClassVar[list[tuple[str, float]]]
+    changed: ClassVar[threading.Condition]
 
     def do_GET(self) -> None:
         address = self.server.server_address[0]
         node = self.node_of[str(address)]
         self.requests.append((node, time.monotonic()))
+        path, _, query = self.path.partition("?")
+        asked = dict(urllib.parse.parse_qsl(query))
+        if float(asked.get("wait", 0)) > 0:  # a long poll: answer when the version changes
+            with self.changed:
+                self.changed.wait_for(
+                    lambda: _version(self.agents.get(node, Behaviour())) != asked.get("version"),
+                    timeout=float(asked["wait"]),
+                )
         behaviour = self.agents.get(node, Behaviour())
-        if self.path == "/metrics":  # what Prometheus scrapes through the file_sd targets
+        if path == "/metrics":  # what Prometheus scrapes through the file_sd targets
             return self._send(200, f'topowatch_node_info{{node="{node}"}} 1\n'.encode())
-        if self.path != "/api/v1/health":
+        if path != "/api/v1/health":
             return self._send(404, b"{}")
         if self.headers.get("Authorization") != f"Bearer {self.token}":
             return self._send(401, b'{"error": "bearer token required"}')
@@ -65,6 +76,7 @@ class _Handler(BaseHTTPRequestHandler):
             "generated_at": "2026-11-25T00:00:00Z",
             "ready": mode != "not_ready",
             "findings": [f.to_dict() for f in behaviour.findings],
+            "version": _version(behaviour),
         }
         self._send(503 if mode == "not_ready" else 200, json.dumps(body).encode())
 
@@ -89,6 +101,7 @@ class FakeAgents:
         self.port = port
         self.agents: dict[str, Behaviour] = {}
         self.requests: list[tuple[str, float]] = []
+        self.changed = threading.Condition()
         handler = type(
             "Handler",
             (_Handler,),
@@ -97,11 +110,19 @@ class FakeAgents:
                 "node_of": {a: n for n, a in addresses.items()},
                 "token": token,
                 "requests": self.requests,
+                "changed": self.changed,
             },
         )
         self.servers = [ThreadingHTTPServer((a, port), handler) for a in addresses.values()]
         for server in self.servers:
             server.daemon_threads = True
+
+    def set(self, node: str, behaviour: Behaviour) -> None:
+        """Change what `node` answers, waking its long polls (as the real agent's next
+        evaluation does)."""
+        with self.changed:
+            self.agents[node] = behaviour
+            self.changed.notify_all()
 
     @contextmanager
     def running(self) -> Iterator[FakeAgents]:
@@ -114,6 +135,11 @@ class FakeAgents:
             for server in self.servers:
                 server.shutdown()
                 server.server_close()
+
+
+def _version(behaviour: Behaviour) -> str:
+    encoded = json.dumps([f.to_dict() for f in behaviour.findings], sort_keys=True)
+    return hashlib.sha256(encoded.encode()).hexdigest()[:16]
 
 
 def loopback_addresses(nodes: list[str]) -> dict[str, str]:

@@ -74,7 +74,12 @@ def config(tmp: Path, port: int, mode: str = "act", **extra: Any) -> dict[str, A
     raw: dict[str, Any] = {
         "cluster": "test",
         "interval_seconds": 1,
-        "agents": {"port": port, "token_file": str(token), "timeout_seconds": 1.5},
+        "agents": {
+            "port": port,
+            "token_file": str(token),
+            "timeout_seconds": 1.5,
+            "watch_seconds": 0,  # poll each cycle: one_cycle() sees every answer
+        },
         "slurm": {"timeout_seconds": 20},
         "remediation": {"state_file": str(tmp / "state.json"), "policy": {"mode": mode}},
         "prometheus": {"file_sd": str(tmp / "targets.json"), "placement": False},
@@ -145,6 +150,47 @@ def test_act_mode_asks_hyperpod_through_the_node_reason_and_leaves_others_alone(
         one_cycle(service)
         assert service.controller.auditor.counts[("succeeded", "provider", "replace")] == calls
         assert "skip:already_pending" in decisions(service)["gpu-2"]
+
+
+@pytest.mark.real_component
+def test_watch_mode_acts_when_the_agent_answers_its_long_poll(tmp_path: Path) -> None:
+    """Watch mode: each agent holds one long poll from the controller and answers it when its
+    findings change. A node turning bad after the only cycle is acted on from that answer: no
+    second cycle runs, and the poll it answers has 20 s left when the action must be seen."""
+    with cluster(tmp_path) as (env, agents):
+        raw = config(tmp_path, agents.port)
+        raw["agents"]["watch_seconds"] = 20
+        service = build_service(settings_from_mapping(raw), env)
+        seen: dict[str, str] = {}
+
+        async def scenario() -> None:
+            service.controller.start()
+            try:
+                await service.cycle()  # starts one watcher per agent
+                # Every agent answered once, and gpu-2's long poll is open (its 2nd request).
+                while service.counts.polls["ok"] < len(NODES) or (
+                    sum(1 for n, _ in agents.requests if n == "gpu-2") < 2
+                ):
+                    await asyncio.sleep(0.05)
+                asked_before = sum(1 for n, _ in agents.requests if n == "gpu-2")
+                now = time.time()
+                agents.set("gpu-2", Behaviour([finding("row_remap_failure", "replace", now)]))
+                for _ in range(150):  # 15 s at most, before the 20 s long poll would expire
+                    seen.update(await asyncio.to_thread(show, env, "gpu-2"))
+                    if seen["Reason"]:
+                        break
+                    await asyncio.sleep(0.1)
+                # The answer came on the long poll already open (plus at most the next one).
+                seen["asked"] = str(sum(1 for n, _ in agents.requests if n == "gpu-2"))
+                seen["before"] = str(asked_before)
+            finally:
+                await service.close()
+                service.controller.stop()
+
+        asyncio.run(scenario())
+        assert seen["Reason"] == "Action:Replace"
+        assert int(seen["asked"]) - int(seen["before"]) <= 1
+        assert service.counts.cycles["ok"] == 1
 
 
 @pytest.mark.real_component

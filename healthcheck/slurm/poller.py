@@ -53,6 +53,7 @@ class AgentReading:
     findings: tuple[Finding, ...] = ()
     problems: tuple[str, ...] = ()  # findings entries the agent sent that could not be read
     detail: str = ""
+    version: str = ""  # the agent's version of these findings ("" when it gives none)
 
     @property
     def ok(self) -> bool:
@@ -81,7 +82,9 @@ def read_answer(node: str, status: int, body: bytes, at: float) -> AgentReading:
     if document.get("ready") is not True:
         return AgentReading(node, "not_ready", at, detail="agent says ready=false")
     findings, problems = decode_findings(json.dumps(document["findings"]))
-    return AgentReading(node, "ok", at, tuple(findings), tuple(problems))
+    version = document.get("version")
+    version = version[:64] if isinstance(version, str) else ""
+    return AgentReading(node, "ok", at, tuple(findings), tuple(problems), version=version)
 
 
 class AgentPoller:
@@ -105,6 +108,22 @@ class AgentPoller:
         host = f"[{target.address}]" if ":" in target.address else target.address
         return f"{self.scheme}://{host}:{self.port}{HEALTH_PATH}"
 
+    def session(self, limit: int) -> aiohttp.ClientSession:
+        """A session for `limit` connections at once (0: no limit, one per watched agent)."""
+        connector = aiohttp.TCPConnector(limit=limit, force_close=True)
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
+
+    async def watch(
+        self, session: aiohttp.ClientSession, target: Target, version: str, wait_s: float
+    ) -> AgentReading:
+        """One long poll: the agent answers when its findings' version differs from `version`
+        or after `wait_s` (the agent caps it), whichever comes first; `timeout_s` on top."""
+        params = {"wait": f"{wait_s:g}", "version": version}
+        timeout = aiohttp.ClientTimeout(total=wait_s + self.timeout_s)
+        return await self._get(session, target, params, timeout)
+
     async def poll(
         self,
         targets: Sequence[Target],
@@ -112,12 +131,7 @@ class AgentPoller:
     ) -> list[AgentReading]:
         """One reading per target, in target order; `on_reading` sees each as it arrives."""
         limit = asyncio.Semaphore(self.concurrency)
-        connector = aiohttp.TCPConnector(limit=self.concurrency, force_close=True)
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, headers=headers
-        ) as session:
+        async with self.session(self.concurrency) as session:
 
             async def one(target: Target) -> AgentReading:
                 async with limit:
@@ -128,9 +142,21 @@ class AgentPoller:
 
             return list(await asyncio.gather(*(one(t) for t in targets)))
 
-    async def _get(self, session: aiohttp.ClientSession, target: Target) -> AgentReading:
+    async def _get(
+        self,
+        session: aiohttp.ClientSession,
+        target: Target,
+        params: dict[str, str] | None = None,
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> AgentReading:
+        # The session's timeout unless the call has its own (aiohttp takes timeout=None as
+        # "no timeout at all", so it is only ever passed set).
+        timeout = timeout or aiohttp.ClientTimeout(total=self.timeout_s)
+        limit = timeout.total or self.timeout_s
         try:
-            async with session.get(self.url(target), allow_redirects=False) as response:
+            async with session.get(
+                self.url(target), params=params, timeout=timeout, allow_redirects=False
+            ) as response:
                 body = await response.content.read(MAX_BODY_BYTES + 1)
                 if len(body) > MAX_BODY_BYTES:
                     return AgentReading(
@@ -138,7 +164,7 @@ class AgentPoller:
                     )
                 return read_answer(target.node, response.status, body, self.clock())
         except TimeoutError:
-            detail = f"no answer within {self.timeout_s:g} s"
+            detail = f"no answer within {limit:g} s"
             return AgentReading(target.node, "timeout", self.clock(), detail=detail)
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             detail = f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+import aiohttp
 from aiohttp import web
 
 from exporter.exposition import (
@@ -113,6 +114,11 @@ class SlurmControllerService:
         self._unresolved: dict[str, str] = {}  # `requested` before a restart, not yet confirmed
         self._file_sd_text = ""
         self.admin_token: str | None = None  # resets the breaker over HTTP; none: refused
+        # Watch mode (agents.watch_seconds > 0): one long poll per agent, kept by a task.
+        self._facts_now = Facts()  # this cycle's facts, for answers arriving between cycles
+        self._watchers: dict[Target, asyncio.Task[None]] = {}
+        self._watch_session: aiohttp.ClientSession | None = None
+        self._first_asks = asyncio.Semaphore(max(1, settings.concurrency))
 
     # -- start-up --
 
@@ -150,24 +156,83 @@ class SlurmControllerService:
         if not self._reconciled:
             await asyncio.to_thread(self._reconcile, now)
         self._write_file_sd()
-        facts = self._facts()
+        facts = self._facts_now = self._facts()
         polled = [n for n in nodes if worth_polling(n)]
         for node in nodes:
             if not worth_polling(node):
                 self._feed(node, None, facts)
-
-        def arrived(reading: AgentReading) -> None:
-            self._take_reading(reading, facts)
-
         targets = [Target(n.name, n.address) for n in polled]
-        readings = await self.poller.poll(targets, arrived)
-        if self._unresolved:
-            await asyncio.to_thread(self._resume_asked, readings, self.clock())
+        if self.settings.watch_s > 0:
+            self._keep_watching(targets)
+        else:
+
+            def arrived(reading: AgentReading) -> None:
+                self._take_reading(reading, facts)
+
+            readings = await self.poller.poll(targets, arrived)
+            if self._unresolved:
+                await asyncio.to_thread(self._resume_asked, readings, self.clock())
         if self.settings.placement and self.placement is not None:
             await self._read_placement()
         self.counts.cycles["ok"] += 1
         self.last_cycle_s = time.monotonic() - started
         self.last_cycle_at = now
+
+    # -- watch mode --
+
+    def _keep_watching(self, targets: Sequence[Target]) -> None:
+        """A watcher per agent worth asking; a node gone, out of reach or moved to another
+        address loses its watcher (a new one starts for the new address)."""
+        wanted = set(targets)
+        for target in list(self._watchers):
+            if target not in wanted:
+                self._watchers.pop(target).cancel()
+        for target in targets:
+            running = self._watchers.get(target)
+            if running is None or running.done():
+                self._watchers[target] = asyncio.create_task(
+                    self._watch(target), name=f"watch {target.node}"
+                )
+
+    async def _watch(self, target: Target) -> None:
+        """Long-poll one agent for as long as it is watched: each answer is taken as it comes
+        (the agent answers at once when its findings change), then asked again with the version
+        it gave. An agent that fails, or gives no version (an older agent), is asked again after
+        the interval, as in poll mode; the first ask of each watcher waits its turn among
+        `concurrency` others, so a restart does not open every connection at once."""
+        if self._watch_session is None:
+            self._watch_session = self.poller.session(limit=0)
+        session = self._watch_session
+        version = ""
+        while True:
+            try:
+                if version:
+                    reading = await self.poller.watch(
+                        session, target, version, self.settings.watch_s
+                    )
+                else:
+                    async with self._first_asks:
+                        reading = await self.poller.watch(session, target, "", 0.0)
+                self._take_reading(reading, self._facts_now)
+                if reading.node in self._unresolved:
+                    await asyncio.to_thread(self._resume_asked, [reading], self.clock())
+                version = reading.version if reading.ok else ""
+            except Exception:  # one bad answer must not end the watch for good
+                log.exception("watching %s", target.node)
+                version = ""
+            if not version:
+                await asyncio.sleep(self.settings.interval_s)
+
+    async def close(self) -> None:
+        """Stop every watcher and close their connections."""
+        watchers = list(self._watchers.values())
+        for task in watchers:
+            task.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
+        self._watchers.clear()
+        if self._watch_session is not None:
+            await self._watch_session.close()
+            self._watch_session = None
 
     def _slurmctld_down(self, detail: str, kind: str, now: float) -> None:
         """No node list: every node is held (acting through a slurmctld we cannot read would be
@@ -177,7 +242,7 @@ class SlurmControllerService:
         if self.slurmctld_problem != detail:
             log.error("cannot read nodes from slurmctld: %s", detail)
         self.slurmctld_problem = detail
-        facts = self._facts()
+        facts = self._facts_now = self._facts()
         for node in self.nodes.values():
             self._feed(node, None, facts)
 
@@ -504,6 +569,7 @@ async def serve(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=max(0.0, left))
     finally:
+        await service.close()
         service.controller.stop()
         if once:  # what the last cycle fed in is decided (and acted on) before exiting
             await asyncio.to_thread(service.controller.run_once)

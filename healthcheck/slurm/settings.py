@@ -32,7 +32,7 @@ _SECTIONS = {
     "listen",
     "topology_file",
 }
-_AGENT_KEYS = {"port", "token_file", "timeout_seconds", "concurrency", "scheme"}
+_AGENT_KEYS = {"port", "token_file", "timeout_seconds", "concurrency", "scheme", "watch_seconds"}
 _SLURM_KEYS = {"bin_dir", "timeout_seconds", "method", "opt_out_feature", "exclude_nodes"}
 _REMEDIATION_KEYS = {"state_file", "admin_token_file", "policy"}
 _PROMETHEUS_KEYS = {"file_sd", "placement"}
@@ -50,6 +50,9 @@ class Settings:
     token_file: Path = Path("/etc/topowatch/health-token")
     agent_timeout_s: float = 5.0
     concurrency: int = 200
+    # Long-poll each agent for this long (it answers at once when its findings change): a node
+    # turning bad is acted on within about a second, not at the next poll. 0: poll every cycle.
+    watch_s: float = 25.0
     scheme: str = "http"
     bin_dir: str | None = None
     slurm_timeout_s: float = 15.0
@@ -102,6 +105,7 @@ def settings_from_mapping(raw: Any) -> Settings:
         token_file=Path(_text(agents, "token_file", str(defaults.token_file))),
         agent_timeout_s=_number(agents, "timeout_seconds", defaults.agent_timeout_s, low=0.1),
         concurrency=int(_number(agents, "concurrency", defaults.concurrency, low=1, high=4096)),
+        watch_s=_number(agents, "watch_seconds", defaults.watch_s, low=0, high=25),
         scheme=scheme,
         bin_dir=slurm.get("bin_dir"),
         slurm_timeout_s=_number(slurm, "timeout_seconds", defaults.slurm_timeout_s, low=0.1),
