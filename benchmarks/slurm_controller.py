@@ -83,12 +83,13 @@ def node_address(index: int) -> str:
 # --- the agents: one server, one process ------------------------------------------------------
 
 
-def _answer(node: str, findings: list[dict[str, Any]]) -> bytes:
+def _answer(node: str, findings: list[dict[str, Any]], version: str) -> bytes:
     body = {
         "node": node,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "ready": True,
         "findings": findings,
+        "version": version,
     }
     return json.dumps(body).encode()
 
@@ -100,7 +101,9 @@ def agents_process(count: int, token: str, conn: Connection) -> None:
 
 async def _agents(count: int, token: str, conn: Connection) -> None:
     node_of = {node_address(i): node_name(i) for i in range(count)}
-    answers = {name: _answer(name, []) for name in node_of.values()}
+    answers = {name: _answer(name, [], "v0") for name in node_of.values()}
+    versions = dict.fromkeys(node_of.values(), "v0")
+    changed = {name: asyncio.Event() for name in node_of.values()}
     actionable_at: dict[str, float] = {}
     served = [0]
     expected = f"Bearer {token}"
@@ -113,13 +116,21 @@ async def _agents(count: int, token: str, conn: Connection) -> None:
             return web.json_response({"error": "no agent at this address"}, status=404)
         if request.headers.get("Authorization") != expected:
             return web.json_response({"error": "bearer token required"}, status=401)
+        wait = float(request.query.get("wait", 0))
+        if wait > 0 and request.query.get("version") == versions[node]:  # the agent's long poll
+            event = changed[node]  # set when this version is replaced
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=min(wait, 25.0))
         served[0] += 1
         return web.Response(body=answers[node], content_type="application/json")
 
     def turn_bad(node: str) -> None:
         at = time.time()  # from now on the agent serves the actionable finding
-        answers[node] = _answer(node, [finding(CHECK, ACTION, at).to_dict()])
+        versions[node] = "v1"
+        answers[node] = _answer(node, [finding(CHECK, ACTION, at).to_dict()], "v1")
         actionable_at[node] = at
+        changed[node].set()
+        changed[node] = asyncio.Event()
 
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()
@@ -230,7 +241,9 @@ def scontrol_calls(log: Path) -> dict[str, float]:
     return calls
 
 
-def settings(tmp: Path, port: int, concurrency: int, bin_dir: Path, tag: str) -> dict[str, Any]:
+def settings(
+    tmp: Path, port: int, concurrency: int, bin_dir: Path, tag: str, watch_s: float = 0.0
+) -> dict[str, Any]:
     token = tmp / "health-token"
     token.write_text(TOKEN + "\n")
     return {
@@ -241,6 +254,7 @@ def settings(tmp: Path, port: int, concurrency: int, bin_dir: Path, tag: str) ->
             "token_file": str(token),
             "timeout_seconds": 5,
             "concurrency": concurrency,
+            "watch_seconds": watch_s,
         },
         "slurm": {"bin_dir": str(bin_dir), "timeout_seconds": 20},
         "remediation": {
@@ -272,6 +286,8 @@ class Run:
     polls: dict[str, int] = field(default_factory=dict)
     gaps: list[float] = field(default_factory=list)  # between consecutive scontrol starts
     calls: int = 0  # scontrol update calls (one names every node of its round and action)
+    mode: str = "poll"  # poll: every agent asked each cycle; watch: one long poll per agent
+    first_answers: float = 0.0  # watch: seconds until every agent had answered once
 
 
 def instrument(service: SlurmControllerService, received: dict[str, float], run: Run) -> None:
@@ -345,8 +361,57 @@ async def measure(
             await asyncio.sleep(0.2)
     finally:
         await asyncio.to_thread(service.controller.stop)
+    settle(run, bad_nodes, agents, received, scontrol_calls(log), dict(service.counts.polls))
+    return run
+
+
+async def measure_watch(
+    args: argparse.Namespace, tmp: Path, env: dict[str, str], agents: Agents, bad: list[str]
+) -> Run:
+    """Watch mode, as shipped: one cycle starts a long poll per agent; the nodes then turn bad
+    at random moments over `detect_cycles` x `detect_interval` seconds with no further cycle,
+    so every action comes from an agent answering its long poll."""
+    run = Run(args.concurrency[0], mode="watch")
+    log = tmp / "scontrol-watch.log"
+    workdir = tmp / "watch"
+    workdir.mkdir()
+    raw = settings(tmp, agents.port, run.concurrency, wrappers(workdir, log), "watch", 25.0)
+    service = build_service(settings_from_mapping(raw), env)
+    received: dict[str, float] = {}
+    instrument(service, received, run)
+    service.controller.start()
+    try:
+        run.quiet.append(await timed_cycle(service))
+        deadline = time.monotonic() + 60
+        while service.counts.polls["ok"] < args.nodes and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        run.first_answers = time.monotonic() - deadline + 60
+        start = time.time() + 0.5
+        span = args.detect_interval * args.detect_cycles
+        rng = random.Random(29)
+        agents.schedule([(n, start + rng.uniform(0.0, span)) for n in bad])
+        await asyncio.sleep(span + 0.5)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(scontrol_calls(log)) < len(bad):
+            await asyncio.sleep(0.2)
+    finally:
+        await service.close()
+        await asyncio.to_thread(service.controller.stop)
+    run.period = span
+    settle(run, bad, agents, received, scontrol_calls(log), dict(service.counts.polls))
+    return run
+
+
+def settle(
+    run: Run,
+    bad_nodes: list[str],
+    agents: Agents,
+    received: dict[str, float],
+    calls: dict[str, float],
+    polls: dict[str, int],
+) -> None:
+    """The run's figures from the agents' and the scontrol wrapper's timestamps."""
     actionable, _ = agents.times()
-    calls = scontrol_calls(log)
     run.bad = len(bad_nodes)
     for node in bad_nodes:
         if node not in calls or node not in received or node not in actionable:
@@ -355,11 +420,10 @@ async def measure(
         run.detection.append(calls[node] - received[node])
         run.end_to_end.append(calls[node] - actionable[node])
         run.poll_wait.append(received[node] - actionable[node])
-    run.polls = dict(service.counts.polls)
+    run.polls = polls
     starts = sorted(set(calls.values()))  # one start per call, however many nodes it named
     run.calls = len(starts)
     run.gaps = [b - a for a, b in itertools.pairwise(starts) if b - a < 1.0]
-    return run
 
 
 # --- figures ----------------------------------------------------------------------------------
@@ -383,7 +447,7 @@ def seconds(values: Sequence[float], q: float) -> str:
 def report(nodes: int, runs: list[Run]) -> None:
     print()
     print(
-        f"{'nodes':>6} {'conc':>5} {'cycle med s':>11} {'max s':>6} {'max/30s':>8}"
+        f"{'mode':>5} {'nodes':>6} {'conc':>5} {'cycle med s':>11} {'max s':>6} {'max/30s':>8}"
         f" {'busy med s':>10} {'max s':>6} {'det p50 ms':>10} {'p99 ms':>7} {'n':>4}"
         f" {'e2e p50 s':>9} {'p99 s':>6} {'(period s)':>10}"
     )
@@ -392,7 +456,7 @@ def report(nodes: int, runs: list[Run]) -> None:
         busy_median = f"{statistics.median(run.busy):.2f}" if run.busy else "-"
         busy_max = f"{max(run.busy):.2f}" if run.busy else "-"
         print(
-            f"{nodes:>6} {run.concurrency:>5} {statistics.median(run.quiet):>11.2f}"
+            f"{run.mode:>5} {nodes:>6} {run.concurrency:>5} {statistics.median(run.quiet):>11.2f}"
             f" {max(run.quiet):>6.2f} {worst / INTERVAL_S:>8.3f} {busy_median:>10} {busy_max:>6}"
             f" {ms(run.detection, 50):>10} {ms(run.detection, 99):>7} {len(run.detection):>4}"
             f" {seconds(run.end_to_end, 50):>9} {seconds(run.end_to_end, 99):>6}"
@@ -400,16 +464,21 @@ def report(nodes: int, runs: list[Run]) -> None:
         )
     print()
     for run in runs:
-        print(
-            f"concurrency {run.concurrency}: quiet cycles "
-            + ", ".join(f"{c:.2f}" for c in run.quiet)
-            + " s"
-            + (
-                "; detection cycles " + ", ".join(f"{c:.2f}" for c in run.busy) + " s"
-                if run.busy
-                else ""
+        if run.mode == "watch":
+            print(
+                f"watch mode: the one cycle (node list, file_sd, watchers started) took"
+                f" {run.quiet[0]:.2f} s; every agent had answered once after"
+                f" {run.first_answers:.1f} s; the nodes then turned bad over {run.period:g} s"
+                " with no further cycle"
             )
-        )
+        else:
+            busy = ", ".join(f"{c:.2f}" for c in run.busy)
+            print(
+                f"concurrency {run.concurrency}: quiet cycles "
+                + ", ".join(f"{c:.2f}" for c in run.quiet)
+                + " s"
+                + (f"; detection cycles {busy} s" if run.busy else "")
+            )
         if run.node_list:
             print(
                 f"  node list from slurmctld (scontrol --json refused by 22.05, then sinfo --json"
@@ -427,7 +496,11 @@ def report(nodes: int, runs: list[Run]) -> None:
                 f" {seconds(run.poll_wait, 50)} s, p99 {seconds(run.poll_wait, 99)} s;"
                 f" end to end p50 {seconds(run.end_to_end, 50)} s, p99"
                 f" {seconds(run.end_to_end, 99)} s, max {max(run.end_to_end):.1f} s,"
-                f" with a cycle started every {run.period:g} s"
+                + (
+                    " answered on the long poll already open"
+                    if run.mode == "watch"
+                    else f" with a cycle started every {run.period:g} s"
+                )
             )
         if run.gaps:
             print(
@@ -480,6 +553,15 @@ async def main_async(
             flush=True,
         )
         runs.append(await measure(args, tmp, env, agents, concurrency, bad))
+    if args.watch:
+        watch_bad = [n for n in names if n not in pool][: args.bad]
+        print(
+            f"-- watch mode (agents.watch_seconds 25, the default): {len(watch_bad)} nodes"
+            f" turning bad over {args.detect_cycles * args.detect_interval:g} s, no cycle"
+            " after the first",
+            flush=True,
+        )
+        runs.append(await measure_watch(args, tmp, env, agents, watch_bad))
     return runs
 
 
@@ -503,6 +585,9 @@ def main() -> None:
         help="seconds between cycle starts in the detection phase (production: 30)",
     )
     parser.add_argument("--detect-each", action="store_true")
+    parser.add_argument(
+        "--no-watch", dest="watch", action="store_false", help="skip the watch-mode run"
+    )
     parser.add_argument("--quick", action="store_true", help="200 nodes, 20 turning bad")
     args = parser.parse_args()
     if args.quick:

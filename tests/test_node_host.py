@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,14 +30,21 @@ from exporter.exposition import EMPTY, Exposition, encode_text
 from exporter.node.agent import appended
 from exporter.node.health_api import (
     BAD_CREDENTIALS,
+    BAD_REQUEST,
+    MAX_WAIT_S,
+    MAX_WAITERS,
     NO_CREDENTIALS,
     NOT_READY,
     OK,
     Evaluation,
+    Wait,
     authorize,
+    body,
+    parse_wait,
     respond,
+    version_of,
 )
-from exporter.node.serving import HealthApi, MetricsServer, TokenFile
+from exporter.node.serving import HANDLER_TIMEOUT_S, HealthApi, MetricsServer, TokenFile
 from exporter.topology.ec2 import (
     Topology,
     instances_from_pages,
@@ -352,7 +359,7 @@ def test_the_body_carries_exactly_what_the_annotation_would() -> None:
     outcome, response = respond("ip-10-1-2-3", TOKEN, f"Bearer {TOKEN}", evaluation, NOW + 30)
     assert (outcome, response.status) == (OK, 200)
     body = json.loads(response.body)
-    assert set(body) == {"node", "generated_at", "ready", "findings"}
+    assert set(body) == {"node", "generated_at", "ready", "version", "findings"}
     assert body["node"] == "ip-10-1-2-3" and body["ready"] is True
     assert body["generated_at"] == "2025-11-24T16:00:00Z"  # when the checks ran, not now
     assert body["findings"] == json.loads(findings_to_json(published(report)))
@@ -368,6 +375,7 @@ def test_before_the_first_evaluation_it_is_503_not_ready() -> None:
         "node": "n1",
         "generated_at": "2025-11-24T16:00:00Z",
         "ready": False,
+        "version": "",
         "findings": [],
     }
 
@@ -400,6 +408,65 @@ def test_an_empty_token_authorizes_nothing_and_no_token_is_404() -> None:
     _, response = respond("n1", None, f"Bearer {TOKEN}", None, NOW)
     assert response.status == 404
     assert json.loads(response.body) == {"error": "health API disabled: no --health-token-file"}
+
+
+def test_the_version_names_the_findings_alone() -> None:
+    findings = published(sick_report())
+    first = Evaluation(findings, NOW)
+    version = version_of(first)
+    assert re.fullmatch(r"[0-9a-f]{16}", version)
+    assert body("n1", first, NOW)["version"] == version
+    # The same findings found again, by a later poll: same version, though generated_at moved.
+    again = body("n1", Evaluation(findings, NOW + 30), NOW + 30)
+    assert (
+        again["version"] == version
+        and again["generated_at"] != body("n1", first, NOW)["generated_at"]
+    )
+    assert version_of(Evaluation(findings[:1], NOW)) != version
+    assert version_of(Evaluation((), NOW)) not in ("", version)  # healthy, yet ready
+    assert version_of(None) == body("n1", None, NOW)["version"] == ""
+
+
+@pytest.mark.parametrize(
+    ("query", "wait"),
+    [
+        ("", Wait(0.0, None)),
+        ("x=1", Wait(0.0, None)),
+        ("wait=20&version=9c1f0e4b7a2d3e58", Wait(20.0, "9c1f0e4b7a2d3e58")),
+        ("version=&wait=2.5", Wait(2.5, "")),
+        ("wait=0&version=v", Wait(0.0, "v")),
+        ("wait=3600&version=v", Wait(MAX_WAIT_S, "v")),
+        ("wait=5", Wait(5.0, None)),
+    ],
+)
+def test_parse_wait(query: str, wait: Wait) -> None:
+    assert parse_wait(query) == wait
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "wait=",
+        "wait=soon",
+        "wait=-1",
+        "wait=nan",
+        "wait=inf",
+        "wait=1&wait=2",
+        "version=a&version=b",
+    ],
+)
+def test_a_bad_wait_is_400_but_only_for_an_authorized_request(query: str) -> None:
+    assert isinstance(parse_wait(query), str)
+    outcome, response = respond("n1", TOKEN, f"Bearer {TOKEN}", None, NOW, query)
+    assert (outcome, response.status) == (BAD_REQUEST, 400)
+    assert "error" in json.loads(response.body)
+    outcome, response = respond("n1", TOKEN, None, None, NOW, query)
+    assert (outcome, response.status) == (NO_CREDENTIALS, 401)
+
+
+def test_no_wait_can_outlast_the_handlers_socket_timeout() -> None:
+    assert HANDLER_TIMEOUT_S > MAX_WAIT_S
+    assert MAX_WAITERS == 16
 
 
 def test_appended_expositions_keep_one_openmetrics_eof() -> None:
@@ -436,10 +503,13 @@ def server(tmp_path: Path) -> Iterator[tuple[MetricsServer, HealthApi, Path]]:
     thread.join()
 
 
-def get(port: int, token: str | None = None) -> tuple[int, dict[str, str], dict[str, object]]:
+def get(
+    port: int, token: str | None = None, query: str = "x=1"
+) -> tuple[int, dict[str, str], dict[str, object]]:
+    """One request, on a new connection; its 10 s timeout fails any answer held too long."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    conn.request("GET", "/api/v1/health?x=1", headers=headers)
+    conn.request("GET", f"/api/v1/health?{query}", headers=headers)
     answer = conn.getresponse()
     body = json.loads(answer.read())
     conn.close()
@@ -475,6 +545,138 @@ def test_served_health_answers_and_counts_by_outcome(
         assert f'outcome="{outcome}"}} {n}\n' in counts
     assert TOKEN not in caplog.text and rotated not in caplog.text
     assert "token re-read" in caplog.text and "keeping the last token" in caplog.text
+
+
+class Held(threading.Thread):
+    """One long-poll in the background: its answer and how long it took."""
+
+    def __init__(self, port: int, query: str) -> None:
+        super().__init__(daemon=True)
+        self.port, self.query = port, query
+        self.answer: tuple[int, dict[str, str], dict[str, object]] | None = None
+        self.elapsed = -1.0
+
+    def run(self) -> None:
+        started = time.monotonic()
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=40)
+        conn.request("GET", f"/api/v1/health?{self.query}", headers=AUTHORIZED)
+        answer = conn.getresponse()
+        self.answer = (answer.status, dict(answer.getheaders()), json.loads(answer.read()))
+        conn.close()
+        self.elapsed = time.monotonic() - started
+
+
+AUTHORIZED = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in 10 s"
+        time.sleep(0.01)
+
+
+def test_a_long_poll_returns_when_the_findings_change_not_when_polled_again(
+    server: tuple[MetricsServer, HealthApi, Path],
+) -> None:
+    srv, api, _ = server
+    findings = published(sick_report())
+    api.record(Evaluation(findings, NOW))
+    status, _, first = get(srv.port, TOKEN)
+    version = str(first["version"])
+    assert status == 200 and version
+    held = Held(srv.port, f"wait=20&version={version}")
+    held.start()
+    until(lambda: api.waiting == 1)
+    # The next poll finds the same: a new generated_at, the same version, nobody woken.
+    api.record(Evaluation(findings, NOW + 30))
+    assert get(srv.port, TOKEN)[2]["version"] == version
+    held.join(0.3)
+    assert held.is_alive() and api.waiting == 1
+    # A finding clears: the held request answers at once with the new version.
+    api.record(Evaluation(findings[:1], NOW + 60))
+    held.join(15)
+    assert not held.is_alive() and held.answer is not None
+    assert held.elapsed < 15  # well before the 20 s asked
+    status, _, changed = held.answer
+    assert status == 200 and changed["version"] not in ("", version)
+    assert changed["version"] == version_of(Evaluation(findings[:1], NOW))
+    assert len(changed["findings"]) == 1  # type: ignore[arg-type]
+    assert api.waiting == 0
+
+
+def test_a_long_poll_that_sees_no_change_answers_the_same_when_its_wait_ends(
+    server: tuple[MetricsServer, HealthApi, Path],
+) -> None:
+    srv, api, _ = server
+    api.record(Evaluation((), NOW))
+    version = version_of(Evaluation((), NOW))
+    status, _, answer = get(srv.port, TOKEN, f"wait=0.2&version={version}")
+    assert status == 200 and answer["version"] == version
+
+
+def test_another_version_or_no_version_answers_at_once(
+    server: tuple[MetricsServer, HealthApi, Path],
+) -> None:
+    srv, api, _ = server
+    api.record(Evaluation(published(sick_report()), NOW))
+    current = version_of(Evaluation(published(sick_report()), NOW))
+    # `get` gives up after 10 s: an answer held for the 20 s asked would fail here.
+    for query in ("wait=20&version=0000000000000000", "wait=20", "wait=20&version="):
+        status, _, answer = get(srv.port, TOKEN, query)
+        assert status == 200 and answer["version"] == current
+    assert api.waiting == 0
+
+
+def test_a_reader_can_wait_for_the_first_evaluation(
+    server: tuple[MetricsServer, HealthApi, Path],
+) -> None:
+    srv, api, _ = server
+    status, _, answer = get(srv.port, TOKEN)
+    assert status == 503 and answer["version"] == "" and answer["ready"] is False
+    held = Held(srv.port, "wait=20&version=")
+    held.start()
+    until(lambda: api.waiting == 1)
+    api.record(Evaluation((), NOW))
+    held.join(15)
+    assert held.answer is not None and held.elapsed < 15
+    status, _, answer = held.answer
+    assert status == 200 and answer["ready"] is True and answer["version"]
+
+
+def test_bad_or_unauthenticated_long_polls_are_answered_at_once_and_counted(
+    server: tuple[MetricsServer, HealthApi, Path],
+) -> None:
+    srv, api, _ = server
+    status, _, answer = get(srv.port, TOKEN, "wait=-3&version=")
+    assert status == 400 and "wait" in str(answer["error"])
+    assert get(srv.port, TOKEN, "wait=nan")[0] == 400
+    # Not ready and version "": an authorized request would wait, an unauthenticated one not.
+    assert get(srv.port, None, "wait=20&version=")[0] == 401
+    assert get(srv.port, "not-it", "wait=20&version=")[0] == 401
+    assert get(srv.port, None, "wait=bogus")[0] == 401  # the token is checked first
+    counts = encode_text(api.families()).decode()
+    for outcome, n in [("bad_request", 2), ("no_credentials", 2), ("bad_credentials", 1)]:
+        assert f'outcome="{outcome}"}} {n}\n' in counts
+    assert api.waiting == 0
+
+
+def test_at_most_16_wait_and_closing_releases_them(
+    server: tuple[MetricsServer, HealthApi, Path],
+) -> None:
+    srv, api, _ = server
+    held = [Held(srv.port, "wait=20&version=") for _ in range(MAX_WAITERS)]
+    for request in held:
+        request.start()
+    until(lambda: api.waiting == MAX_WAITERS)
+    status, _, answer = get(srv.port, TOKEN, "wait=20&version=")  # one more: at once
+    assert status == 503 and answer["version"] == ""
+    srv.shutdown()  # as `serve` stops: the held requests are let go by server_close
+    srv.server_close()
+    for request in held:
+        request.join(15)
+        assert request.answer is not None and request.answer[0] == 503
+    assert api.waiting == 0
 
 
 def test_a_server_without_a_health_api_answers_404() -> None:

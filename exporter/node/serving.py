@@ -27,9 +27,19 @@ from exporter.exposition import (
     wants_openmetrics,
 )
 from exporter.node import health_api
-from exporter.node.health_api import HEALTH_PATH, Evaluation, Response
+from exporter.node.health_api import (
+    HEALTH_PATH,
+    MAX_WAITERS,
+    Evaluation,
+    Response,
+    Wait,
+)
 
 log = logging.getLogger(__name__)
+
+# A handler's socket timeout: longer than the longest long-poll (`MAX_WAIT_S`, 25 s), so a
+# held /api/v1/health answer is never cut by it (tests/test_node_host.py checks the order).
+HANDLER_TIMEOUT_S = 30
 
 
 class Published(Protocol):
@@ -58,7 +68,11 @@ class Startable(Protocol):
 class HealthEndpoint(Protocol):
     """What answers /api/v1/health: `HealthApi`, or a test's stand-in."""
 
-    def respond(self, authorization: str | None) -> Response: ...
+    def respond(self, authorization: str | None, query: str = "") -> Response: ...
+
+    def close(self) -> None:
+        """Release every held request now: the server is closing."""
+        ...
 
 
 class TokenFile:
@@ -100,8 +114,14 @@ class TokenFile:
 
 class HealthApi:
     """The node's side of /api/v1/health: the latest published findings (set by the poll
-    thread with `record`, one reference swap), the token, and a count of requests by outcome.
-    `token` None leaves the endpoint off (404)."""
+    thread with `record`), the token, and a count of requests by outcome. `token` None leaves
+    the endpoint off (404).
+
+    Long-poll: an admitted request whose `?version=` is the current version and `?wait=` > 0
+    is held on a condition that `record` notifies only when the version changes (the same
+    findings found again wake no one), for at most `MAX_WAIT_S`; at most `MAX_WAITERS` are held
+    at once, and one more is answered at once as if it had not asked to wait. `close` releases
+    them all (server shutdown), and no request waits after it."""
 
     def __init__(
         self,
@@ -113,20 +133,57 @@ class HealthApi:
         self._token = token
         self._clock = clock
         self._evaluation: Evaluation | None = None
+        self._version = ""
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._waiting = 0
+        self._closed = False
+
+    @property
+    def waiting(self) -> int:
+        """How many requests are held now."""
+        with self._lock:
+            return self._waiting
 
     def record(self, evaluation: Evaluation) -> None:
-        self._evaluation = evaluation
+        version = health_api.version_of(evaluation)
+        with self._changed:
+            changed = version != self._version
+            self._evaluation, self._version = evaluation, version
+            if changed:
+                self._changed.notify_all()
 
-    def respond(self, authorization: str | None) -> Response:
+    def respond(self, authorization: str | None, query: str = "") -> Response:
         token = self._token.current() if self._token is not None else None
-        outcome, response = health_api.respond(
-            self.node, token, authorization, self._evaluation, self._clock()
-        )
+        admitted = health_api.admit(token, authorization, query)
+        if isinstance(admitted, Wait):
+            evaluation = self._wait(admitted)
+            outcome, response = health_api.answer(self.node, evaluation, self._clock())
+        else:
+            outcome, response = admitted
         with self._lock:
             self._counts[outcome] = self._counts.get(outcome, 0) + 1
         return response
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def _wait(self, wait: Wait) -> Evaluation | None:
+        """The evaluation to answer with: the current one, after holding the request while
+        `wait` asks it and room is left."""
+        with self._changed:
+            if wait.holds(self._version) and self._waiting < MAX_WAITERS and not self._closed:
+                self._waiting += 1
+                try:
+                    self._changed.wait_for(
+                        lambda: self._closed or not wait.holds(self._version), wait.seconds
+                    )
+                finally:
+                    self._waiting -= 1
+            return self._evaluation
 
     def families(self) -> list[Family]:
         with self._lock:
@@ -139,12 +196,12 @@ class _MetricsHandler(BaseHTTPRequestHandler):
     timeout so a slow or idle client cannot hold a thread forever."""
 
     protocol_version = "HTTP/1.1"
-    timeout = 30
+    timeout = HANDLER_TIMEOUT_S
     server: MetricsServer
 
     def do_GET(self) -> None:
         agent = self.server.agent
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
         if path == "/metrics":
             om = wants_openmetrics(self.headers.get("Accept"))
             use_gzip = "gzip" in self.headers.get("Accept-Encoding", "")
@@ -161,17 +218,17 @@ class _MetricsHandler(BaseHTTPRequestHandler):
             else:
                 self._send(503, "text/plain; charset=utf-8", f"{reason}\n".encode())
         elif path == HEALTH_PATH:
-            self._send_health()
+            self._send_health(query)
         else:
             self._send(404, "text/plain", b"not found: try /metrics\n")
 
-    def _send_health(self) -> None:
+    def _send_health(self, query: str) -> None:
         endpoint = self.server.health
         authorization = self.headers.get("Authorization")
         if endpoint is None:
             _, answer = health_api.respond("", None, authorization, None, 0.0)
         else:
-            answer = endpoint.respond(authorization)
+            answer = endpoint.respond(authorization, query)  # may wait (HealthApi)
         self.send_response(answer.status)
         for name, value in answer.headers:
             self.send_header(name, value)
@@ -211,6 +268,13 @@ class MetricsServer(ThreadingHTTPServer):
     @property
     def port(self) -> int:
         return int(self.server_address[1])
+
+    def server_close(self) -> None:
+        """Release held health requests before closing (handler threads are daemons, so a
+        shutdown never waits on them anyway)."""
+        if self.health is not None:
+            self.health.close()
+        super().server_close()
 
     def handle_error(self, request: object, client_address: object) -> None:
         """A scraper hanging up mid-request is routine; anything else is logged, never printed

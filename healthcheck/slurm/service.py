@@ -54,6 +54,7 @@ from healthcheck.state import Outcome, RemediationState
 
 log = logging.getLogger(__name__)
 
+MIN_WATCH_ROUND_S = 1.0  # a watched agent is asked at most once a second without news
 PlacementFamilies = Callable[[str, Sequence[SlurmNode], str], list[Family]]
 
 
@@ -205,11 +206,11 @@ class SlurmControllerService:
         session = self._watch_session
         version = ""
         while True:
+            asked = version
+            began = time.monotonic()
             try:
-                if version:
-                    reading = await self.poller.watch(
-                        session, target, version, self.settings.watch_s
-                    )
+                if asked:
+                    reading = await self.poller.watch(session, target, asked, self.settings.watch_s)
                 else:
                     async with self._first_asks:
                         reading = await self.poller.watch(session, target, "", 0.0)
@@ -222,6 +223,10 @@ class SlurmControllerService:
                 version = ""
             if not version:
                 await asyncio.sleep(self.settings.interval_s)
+            elif version == asked and time.monotonic() - began < MIN_WATCH_ROUND_S:
+                # Unchanged, yet answered at once: an agent that does not hold long polls
+                # (too many waiters, or a bug) must not be asked in a tight loop.
+                await asyncio.sleep(MIN_WATCH_ROUND_S)
 
     async def close(self) -> None:
         """Stop every watcher and close their connections."""
