@@ -571,6 +571,7 @@ def test_restart_mid_action_neither_repeats_nor_forgets(tmp_path: Path, crash: s
         (tmp_path / "hang").write_text(crash.split("-")[0])
         config_file = tmp_path / "controller.yaml"
         raw = config(tmp_path, agents.port, slurm={"bin_dir": str(wrappers)})
+        raw["agents"]["watch_seconds"] = 25  # as shipped; `--once` below asks every agent
         config_file.write_text(yaml.safe_dump(raw))
         log = tmp_path / "scontrol.log"
 

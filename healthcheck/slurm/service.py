@@ -134,7 +134,10 @@ class SlurmControllerService:
 
     # -- one cycle --
 
-    async def cycle(self) -> None:
+    async def cycle(self, watch: bool | None = None) -> None:
+        """One cycle. `watch` False asks every agent now and waits for the answers (poll mode,
+        and `--once`, which must see them before it exits); None: as configured."""
+        watching = self.settings.watch_s > 0 if watch is None else watch
         started = time.monotonic()
         now = self.clock()
         try:
@@ -163,7 +166,7 @@ class SlurmControllerService:
             if not worth_polling(node):
                 self._feed(node, None, facts)
         targets = [Target(n.name, n.address) for n in polled]
-        if self.settings.watch_s > 0:
+        if watching:
             self._keep_watching(targets)
         else:
 
@@ -565,7 +568,7 @@ async def serve(
         while not stop.is_set():
             began = time.monotonic()
             try:
-                await service.cycle()
+                await service.cycle(watch=False if once else None)
             except Exception:  # one bad cycle must not end the controller
                 log.exception("slurm controller cycle failed")
             if once:
