@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBIAN_PACKAGES=(prometheus prometheus-node-exporter openssl slurmctld slurmd slurm-client chromium systemd-journal-remote)
+DEBIAN_PACKAGES=(prometheus prometheus-node-exporter openssl slurmctld slurmd slurm-client chromium systemd-journal-remote postgresql)
 
 missing=()
 for pkg in "${DEBIAN_PACKAGES[@]}"; do

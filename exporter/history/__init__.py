@@ -1,0 +1,1 @@
+"""Durable history: the preemption ledger, finished workloads, scale events, the audit."""

@@ -1,0 +1,380 @@
+"""The history store against real databases: an SQLite file, and a real PostgreSQL server
+(tests/postgres_harness.py: initdb'd in a temp dir for the session, run as the `postgres` user
+when the tests run as root). Every behaviour test runs on both backends."""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from exporter.history.migrations import LATEST, SchemaTooNew
+from exporter.history.records import (
+    AuditQuery,
+    AuditRow,
+    PreemptionQuery,
+    PreemptionRow,
+    ScaleEventRow,
+    WorkloadRow,
+)
+from exporter.history.sqlstore import (
+    SqlStore,
+    StoreUnavailable,
+    StoreUrlError,
+    open_store,
+    page_sql,
+)
+from tests.postgres_harness import PostgresMissing, PostgresServer, free_port, postgres_server
+
+DAY = 86_400.0
+NOW = 1_780_000_000.0
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    try:
+        with postgres_server(options=["-c fsync=off"]) as server:
+            yield server
+    except PostgresMissing as exc:
+        pytest.fail(f"{exc}: run scripts/bootstrap.sh")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/history.db"
+    server: PostgresServer = request.getfixturevalue("pg_server")
+    return server.create_database(f"history_{next(_names)}")
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[SqlStore]:
+    store = open_store(url)
+    yield store
+    store.close()
+
+
+def peek(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """`sql` run on the store's database behind its back (qmark placeholders)."""
+    if url.startswith("sqlite"):
+        with sqlite3.connect(url.removeprefix("sqlite://")) as conn:
+            return conn.execute(sql, params).fetchall()
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(sql.replace("?", "%s"), params)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
+
+
+def preemption(i: int, t: float, **overrides: Any) -> PreemptionRow:
+    fields: dict[str, Any] = {
+        "key": f"victim-{i}/preemptor/{int(t)}",
+        "time": t,
+        "victim_namespace": f"team-{i % 3}",
+        "victim_name": f"job-{i}",
+        "victim_uid": f"uid-{i}",
+        "victim_cluster_queue": f"cq-{i % 4}",
+        "preemptor_namespace": "prod",
+        "preemptor_name": f"big-{i}",
+        "preemptor_uid": f"p-{i}",
+        "preemptor_cluster_queue": "cq-prod" if i % 5 else "cq-0",
+        "reason": "InCohortReclamation",
+        "verdict": ("fair", "unfair", "unknown")[i % 3 - 1],
+        "gpus_freed": 8,
+        "observed": "live",
+    }
+    document = overrides.pop("document", {})
+    fields.update(overrides)
+    return PreemptionRow(document={"i": i, "time": t, **fields, **document}, **fields)
+
+
+def everything(store: SqlStore, **query: Any) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        page = store.preemptions(PreemptionQuery(**{"since": 0.0, **query}, cursor=cursor))
+        items += page.items
+        if page.next_cursor is None:
+            return items
+        cursor = page.next_cursor
+
+
+def count(url: str, table: str) -> int:
+    return int(peek(url, f"SELECT COUNT(*) FROM {table}")[0][0])
+
+
+def test_each_row_type_round_trips(store: SqlStore, url: str) -> None:
+    audit_doc = {"audit": "cordon", "node": "n1", "verdict": "done", "ladder": ["a", "b"]}
+    store.write(
+        [
+            preemption(1, NOW),
+            WorkloadRow("w-uid", "team-a", "train", "cq-a", NOW, False, {"timeline": [1, 2]}),
+            AuditRow(NOW, "n1", "cordon", "done", "xid 79", "cordon", audit_doc),
+            ScaleEventRow("s-1", NOW, "team-a", "elastic", "shrink", "preempted", {"to": 4}),
+        ]
+    )
+    assert store.preemptions(PreemptionQuery(since=0)).items == (preemption(1, NOW).document,)
+    assert store.workload("team-a", "train") == {"timeline": [1, 2]}
+    assert store.workload("team-a", "nope") is None
+    assert store.audit(AuditQuery(since=0)).items == (audit_doc,)
+    assert peek(url, "SELECT key, job, document FROM scale_events") == [
+        ("s-1", "elastic", '{"to":4}')
+    ]
+
+
+def test_writes_are_upserts_so_replays_change_nothing(store: SqlStore, url: str) -> None:
+    batch = [preemption(i, NOW - i) for i in range(50)]
+    audit = AuditRow(NOW, "n1", "drain", "done", "", "drain", {"x": 1})
+    store.write([*batch, audit])
+    store.write([*batch, audit])  # the writer replays a batch whose commit it did not see
+    assert count(url, "preemptions") == 50
+    assert count(url, "audit") == 1
+    later = preemption(0, NOW, verdict="unfair", observed="history")
+    store.write([later])
+    assert count(url, "preemptions") == 50
+    assert store.preemptions(PreemptionQuery(since=0, limit=1)).items == (later.document,)
+    # the newest run of a workload name wins
+    store.write([WorkloadRow("u1", "ns", "w", "cq", NOW - 10, True, {"run": 1})])
+    store.write([WorkloadRow("u2", "ns", "w", "cq", NOW, False, {"run": 2})])
+    store.write([WorkloadRow("u1", "ns", "w", "cq", NOW - 10, True, {"run": 1})])
+    assert store.workload("ns", "w") == {"run": 2}
+
+
+def test_filters(store: SqlStore) -> None:
+    rows = [preemption(i, NOW - i * 60) for i in range(60)]
+    store.write(rows)
+
+    def ids(**query: Any) -> list[int]:
+        return [item["i"] for item in everything(store, **query)]
+
+    assert ids() == list(range(60))  # newest first
+    assert ids(since=NOW - 600) == list(range(11))
+    assert ids(since=NOW - 600, until=NOW - 120) == list(range(3, 11))
+    assert ids(namespace="team-1") == [i for i in range(60) if i % 3 == 1]
+    assert ids(verdict="fair") == [i for i in range(60) if i % 3 == 1]
+    # a queue matches the victim's or the preemptor's, each row once
+    assert ids(queue="cq-0") == [i for i in range(60) if i % 4 == 0 or i % 5 == 0]
+    assert ids(queue="cq-prod", namespace="team-0", verdict="unknown") == [
+        i for i in range(60) if i % 5 and i % 3 == 0
+    ]
+    assert ids(namespace="nobody") == []
+
+    store.write([AuditRow(NOW - i, f"n{i % 2}", "k", "v", "", "a", {"i": i}) for i in range(9)])
+    assert [d["i"] for d in store.audit(AuditQuery(since=0, node="n1")).items] == [1, 3, 5, 7]
+    assert [d["i"] for d in store.audit(AuditQuery(since=NOW - 2)).items] == [0, 1, 2]
+
+
+def test_keyset_pages_are_stable_under_inserts(store: SqlStore) -> None:
+    # Ten rows a second: pages end in the middle of a run of equal times.
+    original = [preemption(i, NOW - i // 10) for i in range(1_000)]
+    store.write(original)
+    seen: list[dict[str, Any]] = []
+    cursor = None
+    extra = itertools.count(10_000)
+    for _ in range(100):
+        page = store.preemptions(PreemptionQuery(since=0, limit=37, cursor=cursor))
+        seen += page.items
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+        # Between pages: new rows, newer than all (a live cluster) and at the very time the
+        # page ended on (ties), which the reader may or may not see but never twice.
+        store.write([preemption(next(extra), NOW + 1), preemption(next(extra), seen[-1]["time"])])
+    keys = [item["key"] for item in seen]
+    assert len(keys) == len(set(keys)), "a row came twice"
+    assert {r.key for r in original} <= set(keys), "a row was skipped"
+    assert all(a["time"] >= b["time"] for a, b in itertools.pairwise(seen))
+    assert all(item["time"] <= NOW for item in seen)  # nothing newer than page 1 sneaks in
+
+
+def test_bad_queries_are_refused() -> None:
+    with pytest.raises(ValueError, match="limit"):
+        PreemptionQuery(since=0, limit=1001)
+    with pytest.raises(ValueError, match="limit"):
+        AuditQuery(since=0, limit=0)
+    for cursor in ("not base64!", "WzEsMiwzXQ==", "eyJhIjoxfQ=="):
+        with pytest.raises(ValueError, match="malformed cursor"):
+            page_sql(PreemptionQuery(since=0, cursor=cursor))
+
+
+def test_retention_by_age_and_by_count(store: SqlStore, url: str) -> None:
+    store.write([preemption(i, NOW - i * DAY) for i in range(100)])
+    store.write([AuditRow(NOW - i * DAY, "n", "k", "v", "", "a", {"i": i}) for i in range(100)])
+    store.write(
+        [WorkloadRow(f"u{i}", "ns", f"w{i}", "cq", NOW - i * DAY, False, {}) for i in range(5)]
+    )
+    # 90 days: days 0..89 stay (day 90 is exactly 90 days old: kept, older goes)
+    assert store.prune(NOW, 90 * DAY, 1_000) == 9 + 9
+    assert count(url, "preemptions") == 91
+    assert store.prune(NOW, 90 * DAY, 1_000) == 0
+    # by count: the newest 10 of each table stay
+    assert store.prune(NOW, 90 * DAY, 10) == 81 + 81
+    assert [d["i"] for d in everything(store)] == list(range(10))
+    assert count(url, "workloads") == 5
+    # ties at the bound: exactly max_rows stay
+    store.write([preemption(1000 + i, NOW + 5) for i in range(20)])
+    store.prune(NOW, 90 * DAY, 15)
+    assert count(url, "preemptions") == 15
+
+
+def test_migrations_from_empty_and_reopening(url: str) -> None:
+    store = open_store(url)
+    store.write([preemption(1, NOW)])
+    store.close()
+    assert peek(url, "SELECT version FROM schema_version") == [(v,) for v in range(1, LATEST + 1)]
+    store = open_store(url)  # an existing database: nothing to apply, the data still there
+    assert len(store.preemptions(PreemptionQuery(since=0)).items) == 1
+    store.close()
+    assert count(url, "schema_version") == LATEST
+
+
+def test_a_newer_schema_is_refused_and_left_untouched(url: str) -> None:
+    open_store(url).close()
+    peek(url, "INSERT INTO schema_version VALUES (?, 'from the future', 0)", (LATEST + 1,))
+    peek(url, "DROP TABLE scale_events")  # what version LATEST + 1 might do
+    before = [peek(url, "SELECT * FROM schema_version ORDER BY version")]
+    with pytest.raises(SchemaTooNew, match=f"version {LATEST + 1}.*up to {LATEST}"):
+        open_store(url)
+    assert [peek(url, "SELECT * FROM schema_version ORDER BY version")] == before
+    with pytest.raises((sqlite3.OperationalError, psycopg.errors.UndefinedTable)):
+        peek(url, "SELECT * FROM scale_events")  # not recreated
+
+
+def test_queries_walk_an_index(store: SqlStore, url: str) -> None:
+    # Selective filters (1 row in 100 or 50), where an index beats walking time and filtering.
+    rare = [
+        preemption(
+            i,
+            NOW - i,
+            victim_namespace=f"team-{i % 100}",
+            verdict="unfair" if i % 100 == 7 else "fair",
+            victim_cluster_queue=f"cq-{i % 50}",
+            preemptor_cluster_queue=f"cq-{(i + 1) % 50}",
+        )
+        for i in range(5_000)
+    ]
+    store.write(rare)
+    store.write([AuditRow(NOW - i, f"n{i % 50}", "k", "v", "", "a", {}) for i in range(2_000)])
+    cursor = store.preemptions(PreemptionQuery(since=0)).next_cursor
+    queries: list[tuple[PreemptionQuery | AuditQuery, set[str]]] = [
+        (PreemptionQuery(since=0), {"preemptions_time"}),
+        (PreemptionQuery(since=0, cursor=cursor), {"preemptions_time"}),
+        (PreemptionQuery(since=NOW - 30 * DAY, namespace="team-1"), {"preemptions_namespace"}),
+        (PreemptionQuery(since=0, verdict="unfair", cursor=cursor), {"preemptions_verdict"}),
+        (
+            PreemptionQuery(since=0, queue="cq-1"),
+            {"preemptions_victim_queue", "preemptions_preemptor_queue"},
+        ),
+        (AuditQuery(since=0, node="n7"), {"audit_node"}),
+    ]
+    if url.startswith("postgresql"):
+        peek(url, "ANALYZE")
+    for query, indexes in queries:
+        sql, args = page_sql(query)
+        if url.startswith("sqlite"):
+            steps = [row[3] for row in peek(url, f"EXPLAIN QUERY PLAN {sql}", tuple(args))]
+            plan = "\n".join(steps)
+            assert not {"SCAN preemptions", "SCAN audit"} & set(steps), plan
+        else:
+            plan = "\n".join(row[0] for row in peek(url, f"EXPLAIN {sql}", tuple(args)))
+            assert "Seq Scan" not in plan, plan
+        assert "TEMP B-TREE FOR ORDER BY" not in plan or len(indexes) > 1, plan
+        for index in indexes:
+            assert index in plan, f"{query}: {plan}"
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("mysql://u@h/db", "unsupported scheme"),
+        ("history.db", "unsupported scheme"),
+        ("sqlite://host/history.db", "names no host"),
+        ("sqlite://", "names no database file"),
+        ("sqlite:///var/lib/", "names no database file"),
+        ("sqlite:///x.db?mode=ro", "no parameters"),
+        ("postgresql://u:hunter2@/db", "names no host"),
+        ("postgresql://u@/db?password=hunter2", "names no host"),
+        ("postgresql://u:hunter2@db.example:5432", "names no database"),
+        ("postgresql://u:hunter2@db.example:54x2/db", "Port could not be cast"),
+        ("postgresql://u:hunter2@db.example:99999/db", "out of range"),
+        ("postgresql://u:hunter2@db.example:5432/a/b", "names no database"),
+    ],
+)
+def test_malformed_urls_are_refused_naming_the_problem(bad: str, says: str) -> None:
+    with pytest.raises(StoreUrlError, match=says) as raised:
+        open_store(bad)
+    assert "hunter2" not in str(raised.value)
+
+
+def test_unreachable_postgres_is_unavailable_quickly() -> None:
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match=r"PostgreSQL at .*unavailable") as raised:
+        open_store(f"postgresql://topowatch:hunter2@127.0.0.1:{free_port()}/history")
+    assert time.monotonic() - started < 5
+    assert "hunter2" not in str(raised.value)
+    assert "topowatch:***@127.0.0.1" in str(raised.value)
+
+
+def test_a_postgres_outage_fails_writes_until_it_is_back(pg_server: PostgresServer) -> None:
+    url = pg_server.create_database(f"history_{next(_names)}")
+    store = open_store(url)
+    store.write([preemption(1, NOW)])
+    pg_server.stop()
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            store.write([preemption(2, NOW)])
+        with pytest.raises(StoreUnavailable):
+            store.preemptions(PreemptionQuery(since=0))
+        assert time.monotonic() - started < 15
+    finally:
+        pg_server.start()
+    store.write([preemption(2, NOW)])  # a new connection to the restarted server
+    assert len(store.preemptions(PreemptionQuery(since=0)).items) == 2
+    # a connection that went stale while idle is replaced on its first use
+    pg_server.stop()
+    pg_server.start()
+    store.write([preemption(3, NOW)])
+    assert len(store.preemptions(PreemptionQuery(since=0)).items) == 3
+    store.close()
+
+
+def test_sqlite_disk_full_is_unavailable_and_rolled_back(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/history.db"
+    store = open_store(url)
+    store.write([preemption(1, NOW)])
+    conn = store._conn  # the cap is a per-connection setting
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages + 2}")
+    big = [preemption(i, NOW - i, document={"pad": "x" * 2_000}) for i in range(2, 200)]
+    with pytest.raises(StoreUnavailable, match="full"):
+        store.write(big)
+    assert count(url, "preemptions") == 1  # all or nothing
+    conn.execute("PRAGMA max_page_count = 1000000")  # space again: the same batch goes in
+    store.write(big)
+    assert count(url, "preemptions") == 199
+    store.close()
+
+
+def test_the_package_imports_and_runs_sqlite_without_psycopg(tmp_path: Path) -> None:
+    script = f"""
+import sys
+sys.modules["psycopg"] = None  # as if not installed
+from exporter.history.sqlstore import StoreUnavailable, open_store
+open_store("sqlite:///{tmp_path}/h.db").close()
+try:
+    open_store("postgresql://u@127.0.0.1:5432/db")
+except StoreUnavailable as exc:
+    print(exc)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "driver is not installed" in result.stdout
