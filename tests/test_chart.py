@@ -10,6 +10,7 @@ CRD does not define, as the API server's pruning would silently drop it.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import re
@@ -1394,3 +1395,117 @@ def test_the_operator_models_refuse_what_the_crd_refuses() -> None:
                 },
             }
         )
+
+
+# --- more than one cluster replica: leader election ------------------------------------------
+
+HA_VALUES: dict[str, Any] = {"cluster": {"replicas": 2}}
+LEASES = "coordination.k8s.io"
+
+
+@cache
+def rendered_ha() -> tuple[Manifest, ...]:
+    return tuple(render(CHART, HA_VALUES))
+
+
+def cluster_deployment(manifests: tuple[Manifest, ...]) -> Manifest:
+    return one(manifests, "Deployment", "topowatch-cluster")
+
+
+def test_one_replica_is_recreated_and_elects_nobody() -> None:
+    """The default: one replica, Recreate (two overlapping pods would both act), no Lease, no
+    budget that would block every drain of its node."""
+    manifests = rendered("default")
+    deployment = cluster_deployment(manifests)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [a for a in args_of(deployment["spec"]["template"]["spec"]) if "leader" in a]
+    kinds = {m["kind"] for m in manifests}
+    assert not kinds & {"PodDisruptionBudget", "Role", "RoleBinding"}
+
+
+def test_two_replicas_lint_and_pass_strict_kubernetes_validation() -> None:
+    report = helm.lint(CHART, HA_VALUES, strict=True, kube_version=f"v{KUBE_VERSION}")
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == []
+    core = [m for m in rendered_ha() if not m["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert {m["kind"] for m in core} >= {"PodDisruptionBudget", "Role", "RoleBinding"}
+    for manifest in core:
+        kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
+
+
+def test_two_replicas_roll_and_elect_a_leader_on_their_own_lease() -> None:
+    from exporter.cluster.leader import add_arguments
+
+    deployment = cluster_deployment(rendered_ha())
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    spec = deployment["spec"]["template"]["spec"]
+    args = args_of(spec)
+    assert "--leader-elect" in args
+    assert flag(args, "--leader-elect-namespace") == NAMESPACE
+    assert flag(args, "--leader-elect-lease-name") == "topowatch-cluster"
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    # the flags are the ones the service's Leadership reads
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    start = args.index("--leader-elect")
+    parsed = parser.parse_args(args[start : start + 5])
+    assert parsed.leader_elect and parsed.leader_elect_namespace == NAMESPACE
+    assert parsed.leader_elect_lease_name == "topowatch-cluster"
+
+
+def test_leader_election_may_write_only_its_own_lease_in_the_release_namespace() -> None:
+    manifests = rendered_ha()
+    role = one(manifests, "Role", "topowatch-cluster-leader-election")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert granted(role) == {(LEASES, "leases", verb) for verb in ("get", "update", "create")}
+    for rule in role["rules"]:
+        if "create" in rule["verbs"]:
+            # RBAC cannot limit a create by name: the object does not exist when it is checked
+            assert rule["verbs"] == ["create"] and "resourceNames" not in rule
+        else:
+            assert rule["resourceNames"] == ["topowatch-cluster"]
+    binding = one(manifests, "RoleBinding", "topowatch-cluster-leader-election")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "topowatch-cluster-leader-election",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "topowatch-cluster", "namespace": NAMESPACE}
+    ]
+    # the cluster-wide role is what it was: read-only without remediation
+    cluster_role = granted(one(manifests, "ClusterRole", "topowatch-cluster"))
+    assert cluster_role == granted(one(rendered("default"), "ClusterRole", "topowatch-cluster"))
+    assert not {grant for grant in cluster_role if grant[2] in WRITE_VERBS}
+
+
+def test_two_replicas_keep_one_through_voluntary_disruptions() -> None:
+    manifests = rendered_ha()
+    budget = one(manifests, "PodDisruptionBudget", "topowatch-cluster")
+    assert budget["metadata"]["namespace"] == NAMESPACE
+    assert budget["spec"]["minAvailable"] == 1
+    pod_labels = cluster_deployment(manifests)["spec"]["template"]["metadata"]["labels"]
+    selector = budget["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+    assert selector == cluster_deployment(manifests)["spec"]["selector"]["matchLabels"]
+
+
+def test_rbac_off_leaves_out_the_lease_role_too() -> None:
+    manifests = render(CHART, {"cluster": {"replicas": 3}, "rbac": {"create": False}})
+    assert not {m["kind"] for m in manifests} & {"Role", "RoleBinding"}
+    assert "--leader-elect" in args_of(
+        cluster_deployment(tuple(manifests))["spec"]["template"]["spec"]
+    )
+
+
+@pytest.mark.parametrize("replicas", [0, "2", 1.5])
+def test_schema_refuses_a_replica_count_that_is_not_a_positive_integer(replicas: object) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        helm.Chart.load(CHART).validate_schema({"cluster": {"replicas": replicas}})

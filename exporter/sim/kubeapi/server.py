@@ -18,6 +18,10 @@ concepts, "efficient detection of changes"):
 - label and field selectors on lists and watches (objects leaving a watched selector
   arrive as DELETED, objects entering it as ADDED);
 - Kueue objects stored in v1beta2 and served, or written, at v1beta1 by conversion;
+- coordination.k8s.io/v1 Leases, the lock of leader election: a PUT must carry the
+  resourceVersion it read, and one that is no longer current answers 409 Conflict (as does a
+  create of a name that exists, 409 AlreadyExists), so two candidates cannot both win; their
+  acquireTime and renewTime must be MicroTimes (six fraction digits), or 400;
 - metadata.managedFields kept per field manager for every create, update and patch
   (exporter.sim.kubeapi.managedfields).
 
@@ -42,6 +46,7 @@ import itertools
 import json
 import logging
 import random
+import re
 import select
 import socket
 import sys
@@ -63,6 +68,7 @@ from exporter.sim.kubeapi.selectors import (
     parse_label_selector,
 )
 from exporter.sim.kubeapi.store import (
+    COORDINATION_RESOURCES,
     CORE_RESOURCES,
     KUEUE_RESOURCES,
     ConflictError,
@@ -944,6 +950,8 @@ class FakeApiServer:
         kind = obj.get("kind")
         if kind is not None and kind != resource.kind:
             raise _ApiError(400, f"the object provided is unrecognized (kind {kind!r})")
+        if resource.plural == "leases":
+            _check_micro_times(resource, obj)
         meta = obj.get("metadata")
         if meta is None:
             meta = obj["metadata"] = {}
@@ -1021,7 +1029,7 @@ class FakeApiServer:
         media = content_type.split(";")[0].strip().lower()
         if patch is not None:
             allowed = ["application/json-patch+json", "application/merge-patch+json"]
-            if not resource.group:
+            if resource.builtin:
                 allowed.append("application/strategic-merge-patch+json")
             if media not in allowed:
                 raise _ApiError(
@@ -1234,6 +1242,27 @@ def _not_found(target: _Target) -> _ApiError:
     )
 
 
+# metav1.MicroTime decodes with time.Parse(RFC3339Micro): exactly six fraction digits and a
+# zone, so "2026-11-25T01:00:00+00:00" (Python's isoformat() of a whole second) is refused.
+_MICRO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})")
+
+
+def _check_micro_times(resource: Resource, obj: Obj) -> None:
+    """A Lease's acquireTime and renewTime must be MicroTimes, as kube-apiserver decodes them."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    for field in ("acquireTime", "renewTime"):
+        value = spec.get(field)
+        if value is not None and not (isinstance(value, str) and _MICRO_TIME.fullmatch(value)):
+            raise _ApiError(
+                400,
+                f'{resource.kind} in version "{resource.version}" cannot be handled as a '
+                f"{resource.kind}: spec.{field}: parsing time {json.dumps(value)} as "
+                '"2006-01-02T15:04:05.000000Z07:00": cannot parse',
+            )
+
+
 def _json_body(body: bytes, *, allow_list: bool = False) -> Any:
     try:
         parsed = json.loads(body or b"null")
@@ -1341,6 +1370,7 @@ def _shutdown(sock: socket.socket) -> None:
 
 
 __all__ = [
+    "COORDINATION_RESOURCES",
     "CORE_RESOURCES",
     "KUEUE_RESOURCES",
     "Exchange",

@@ -38,10 +38,15 @@ class Resource:
     kind: str
     namespaced: bool
     served_versions: tuple[str, ...] = ()  # defaults to (version,)
+    # A type compiled into kube-apiserver (core and the *.k8s.io groups, not CRDs): its list
+    # items leave out kind and apiVersion, and it takes strategic merge patches. None: core only.
+    builtin: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.served_versions:
             object.__setattr__(self, "served_versions", (self.version,))
+        if self.builtin is None:
+            object.__setattr__(self, "builtin", not self.group)
 
     def api_version(self, version: str | None = None) -> str:
         version = version or self.version
@@ -80,6 +85,13 @@ KUEUE_RESOURCES: tuple[Resource, ...] = tuple(
 # no conversion, served and stored at v1.
 HYPERPOD_RESOURCES: tuple[Resource, ...] = (
     Resource("sagemaker.amazonaws.com", "v1", "hyperpodpytorchjobs", "HyperPodPyTorchJob", True),
+)
+
+# Leases (coordination.k8s.io/v1): the lock of leader election. A built-in type, namespaced, with
+# no status subresource; like every type whose strategy refuses unconditional updates, a PUT
+# must carry metadata.resourceVersion, and a stale one answers 409 Conflict.
+COORDINATION_RESOURCES: tuple[Resource, ...] = (
+    Resource("coordination.k8s.io", "v1", "leases", "Lease", True, builtin=True),
 )
 
 
@@ -126,7 +138,7 @@ class StoredEntry:
 
     def list_item(self, version: str) -> bytes:
         """The object as a list item: built-in types leave out kind and apiVersion there."""
-        if not self.resource.group:
+        if self.resource.builtin:
             return self.body
         return self.encoded(version)
 
@@ -227,7 +239,9 @@ class ObjectStore:
 
     def __init__(
         self,
-        resources: Iterable[Resource] = CORE_RESOURCES + KUEUE_RESOURCES + HYPERPOD_RESOURCES,
+        resources: Iterable[Resource] = (
+            CORE_RESOURCES + KUEUE_RESOURCES + HYPERPOD_RESOURCES + COORDINATION_RESOURCES
+        ),
         history: int = 10_000,
         *,
         clock: Callable[[], float] = time.time,
