@@ -232,11 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from exporter.cluster.leader_args import add_arguments as add_leader_arguments
+
     cluster = sub.add_parser(
         "cluster",
         help="the cluster service: Kueue admission, preemption and placement vs topology",
         description="Watch Nodes, Pods, Events and Kueue objects; serve /metrics and /api/v1.",
     )
+    add_leader_arguments(cluster)
     cluster.add_argument(
         "--simulate",
         action="store_true",
@@ -385,12 +388,16 @@ def run_cluster(args: argparse.Namespace) -> int:
     except Exception as exc:  # no in-cluster config and no kubeconfig
         print(f"topowatch cluster: no Kubernetes API configuration: {exc}", file=sys.stderr)
         return 2
+    from exporter.cluster.leader import Leadership
+
+    leadership = Leadership.from_args(args, client)
     controller, token = None, None
     if args.remediation_config is not None:
         from exporter.cluster.run import RemediationConfigError, build_controller, read_token
 
         try:
             controller, token = build_controller(args.remediation_config, client)
+            controller.leading = lambda: leadership.is_leader
             if args.alerts_token_file is not None:
                 token = read_token(args.alerts_token_file)
         except RemediationConfigError as exc:
@@ -420,6 +427,7 @@ def run_cluster(args: argparse.Namespace) -> int:
             ec2_events=ec2_events,
             ec2_events_interval_s=max(10.0, args.ec2_events_interval),
             ec2_events_horizon_s=max(0.0, args.ec2_events_horizon) * 3600.0,
+            leadership=leadership,
         )
     finally:
         if env is not None:

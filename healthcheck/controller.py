@@ -210,8 +210,13 @@ class RemediationController:
         auditor: Auditor | None = None,
         clock: Callable[[], float] = time.time,
         recheck_s: float = 10.0,
+        leading: Callable[[], bool] | None = None,
     ) -> None:
         self.config = config
+        # With several replicas only the leader decides and acts; the others keep their views
+        # current (reading the state the leader writes to each Node) so one can take over warm.
+        self.leading = leading
+        self._was_leading = False
         self.providers = list(providers)
         self.writer = writer
         self.auditor = auditor or Auditor()
@@ -310,6 +315,13 @@ class RemediationController:
                     self._forget_node(payload, now, records)
                 elif kind == "alerts":
                     self._take_alerts(payload, now, records)
+            leads = self.leading is None or self.leading()
+            if leads and not self._was_leading:  # took over: decide every node now
+                self._dirty |= set(self._views)
+            self._was_leading = leads
+            if not leads:
+                self._dirty.clear()
+                return []
             if now - self._last_recheck >= self.recheck_s:
                 self._last_recheck = now
                 self._dirty |= {n for n, r in self._requested.items() if r is not None}

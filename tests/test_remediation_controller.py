@@ -476,3 +476,55 @@ def test_config_file_builds_providers_and_refuses_what_it_cannot_read(tmp_path: 
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     assert build_controller(empty, client)[0].config.mode == "observe"
+
+
+def test_only_the_leader_acts_and_a_standby_takes_over_without_repeating() -> None:
+    """Two replicas see the same Nodes. The standby decides nothing while the other leads; when
+    it takes over it reads the state the old leader wrote on the Node (here: the replacement it
+    started: a reboot, XID 79's first ladder step) and does not ask again."""
+    leader, leader_calls, shared, _ = make()
+    standby, standby_calls, _, _ = make(writer=shared)
+    leads = {"a": True, "b": False}
+    leader.leading = lambda: leads["a"]
+    standby.leading = lambda: leads["b"]
+    bad = node("n1", [finding()])
+    assert feed(leader, bad) == [("n1", "act")]
+    assert feed(standby, bad) == []  # decides nothing, acts on nothing, posts no Event
+    assert leader_calls.calls == [("n1", "reboot")] and standby_calls.calls == []  # XID 79
+    # The leader dies; the standby gets the Node as the leader left it (state annotation on).
+    leads.update(a=False, b=True)
+    written = node("n1", [finding()], annotations={STATE: dump_state(shared.states["n1"])})
+    assert feed(standby, written) == [("n1", "in_progress")]
+    assert standby_calls.calls == []
+    # A node that turns bad now is the new leader's to act on.
+    assert feed(standby, node("n2", [finding()])) == [("n2", "act")]
+    assert standby_calls.calls == [("n2", "reboot")]
+
+
+def test_a_standby_replica_refuses_alerts_so_alertmanager_retries_on_the_leader() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from exporter.cluster.service import build_app
+
+    class Standby:
+        is_leader = False
+
+        def families(self) -> list[Any]:
+            return []
+
+    controller, provider, _, _ = make()
+    service = ClusterService(controller=controller, alerts_token="t", leadership=Standby())  # type: ignore[arg-type]
+    body = json.dumps(
+        {"version": "4", "alerts": [{"status": "firing", "labels": {"node": "n1"}}]}
+    ).encode()
+
+    async def post() -> tuple[int, dict[str, Any]]:
+        async with TestClient(TestServer(build_app(service))) as client:
+            answer = await client.post(
+                "/api/v1/alerts", data=body, headers={"Authorization": "Bearer t"}
+            )
+            return answer.status, await answer.json()
+
+    status, answer = asyncio.run(post())
+    assert status == 503 and "not the leader" in answer["error"]
+    assert controller.run_once() == [] and provider.calls == []

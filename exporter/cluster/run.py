@@ -39,6 +39,7 @@ from exporter.cluster.views import preemptions_view
 from exporter.sources.ec2_events import Ec2EventsError, Ec2EventsSource
 
 if TYPE_CHECKING:
+    from exporter.cluster.leader import Leadership
     from healthcheck.controller import RemediationController
 
 log = logging.getLogger(__name__)
@@ -76,15 +77,21 @@ def serve_cluster(
     ec2_events: Ec2EventsSource | None = None,
     ec2_events_interval_s: float = EC2_EVENTS_INTERVAL_S,
     ec2_events_horizon_s: float | None = None,
+    leadership: Leadership | None = None,
 ) -> ClusterService:
     """Run informers and the HTTP service until SIGTERM/SIGINT (or `stop`). `ec2_events`, when
-    given, is polled every `ec2_events_interval_s` for EC2 scheduled events."""
+    given, is polled every `ec2_events_interval_s` for EC2 scheduled events. `leadership`
+    (several replicas): campaigned for from the start; on stop the Lease is released, so a
+    standby takes over at once rather than after the lease duration."""
     service = ClusterService(
         workload_cap=workload_cap,
         controller=controller,
         alerts_token=alerts_token,
         quota_min_observed_s=quota_min_observed_s,
+        leadership=leadership,
     )
+    if leadership is not None:
+        leadership.start()
     if ec2_events is not None:
         service.ec2_event_counts = ec2_events.counts
         service.ec2_event_horizon_s = ec2_events_horizon_s
@@ -129,6 +136,8 @@ def serve_cluster(
         informers.stop()
         if controller is not None:
             controller.stop()
+        if leadership is not None:
+            leadership.stop()
     return service
 
 

@@ -38,6 +38,7 @@ from exporter.exposition import (
 from exporter.sources.ec2_events import ScheduledEvent
 
 if TYPE_CHECKING:
+    from exporter.cluster.leader import Leadership
     from healthcheck.controller import RemediationController
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,10 @@ class ClusterService:
         controller: RemediationController | None = None,
         alerts_token: str | None = None,
         quota_min_observed_s: float = 3600.0,
+        leadership: Leadership | None = None,
     ) -> None:
         self.model = model or ClusterModel()
+        self.leadership = leadership  # several replicas: which one leads (exported)
         self.controller = controller  # gets every Node event; its observe_node never blocks
         self.alerts_token = alerts_token
         self.workload_cap = workload_cap
@@ -117,6 +120,8 @@ class ClusterService:
         families.extend(self.ec2_event_families())
         if self.controller is not None:
             families.extend(self.controller.families())
+        if self.leadership is not None:
+            families.extend(self.leadership.families())
         return encode_openmetrics(families) if openmetrics else encode_text(families)
 
     def informer_families(self) -> list[Family]:
@@ -460,6 +465,10 @@ def add_remediation_routes(app: web.Application, service: ClusterService) -> Non
         if denied is not None:
             return denied
         assert service.controller is not None
+        if service.leadership is not None and not service.leadership.is_leader:
+            # Only the leader acts; Alertmanager retries a failed delivery, and the Service
+            # sends the retry to a replica that may be the leader.
+            return _error(503, "not the leader replica; Alertmanager will retry")
         try:
             parsed = parse_alertmanager(await request.read())
         except AlertPayloadError as exc:
