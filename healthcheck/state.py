@@ -120,14 +120,20 @@ class RemediationState:
         return replace(self, outcome=outcome, finished_at=now, message=message[:500])
 
 
-def dump_state(state: RemediationState) -> str:
+def state_document(state: RemediationState) -> dict[str, Any]:
+    """The state as a JSON object: the annotation's content, or one node's entry in the Slurm
+    controller's state file."""
     raw = asdict(state)
     raw["ladder"] = [asdict(m) for m in sorted(state.ladder, key=lambda m: m.key)]
     if state.deep_check is None:
         del raw["deep_check"]  # annotations without a deep check stay as they were
     else:
         raw["deep_check"]["checks"] = list(state.deep_check.checks)
-    return json.dumps(raw, sort_keys=True, separators=(",", ":"))
+    return raw
+
+
+def dump_state(state: RemediationState) -> str:
+    return json.dumps(state_document(state), sort_keys=True, separators=(",", ":"))
 
 
 def parse_state(text: str | None) -> tuple[RemediationState | None, str | None]:
@@ -141,12 +147,13 @@ def parse_state(text: str | None) -> tuple[RemediationState | None, str | None]:
     if not isinstance(raw, dict):
         return None, f"{ANNOTATION} is not a JSON object"
     try:
-        return _from_mapping(raw), None
+        return state_from_document(raw), None
     except (TypeError, ValueError) as exc:
         return None, f"{ANNOTATION} is malformed: {exc}"
 
 
-def _from_mapping(raw: dict[str, Any]) -> RemediationState:
+def state_from_document(raw: dict[str, Any]) -> RemediationState:
+    """Inverse of `state_document`; TypeError or ValueError naming the first bad field."""
     action = _action(raw.get("action"), "action")
     outcome = raw.get("outcome")
     if outcome not in OUTCOMES:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from healthcheck.state import RemediationState, dump_state, parse_state
+from healthcheck.state import RemediationState, state_document, state_from_document
 
 VERSION = 1
 
@@ -76,7 +76,7 @@ class StateFile:
     def _write(self, states: dict[str, RemediationState]) -> None:
         document = {
             "version": VERSION,
-            "nodes": {name: json.loads(dump_state(s)) for name, s in sorted(states.items())},
+            "nodes": {name: state_document(s) for name, s in sorted(states.items())},
         }
         atomic_write(self.path, json.dumps(document, indent=1, sort_keys=True))
 
@@ -116,8 +116,10 @@ def _parse(text: str) -> dict[str, RemediationState]:
         raise ValueError(f"version {version!r}; this topowatch reads version {VERSION}")
     states: dict[str, RemediationState] = {}
     for name, raw in document["nodes"].items():
-        state, problem = parse_state(json.dumps(raw))
-        if problem is not None or state is None:
-            raise ValueError(f"node {name!r}: {problem or 'empty state'}")
-        states[name] = state
+        if not isinstance(raw, dict):
+            raise ValueError(f"node {name!r}: not a JSON object")
+        try:
+            states[name] = state_from_document(raw)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"node {name!r}: {exc}") from exc
     return states
