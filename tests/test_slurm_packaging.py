@@ -29,6 +29,7 @@ from healthcheck.slurm.settings import (
     load_settings,
     settings_from_mapping,
 )
+from tests.conftest import systemd_verify
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM = REPO / "packaging" / "slurm"
@@ -240,14 +241,7 @@ def test_systemd_accepts_the_installed_controller_unit(tmp_path: Path) -> None:
     done = install(*common(prefix), "--controller")
     assert done.returncode == 0, done.stderr
     installed = prefix / "etc" / "systemd" / "system" / "topowatch-slurm-controller.service"
-    verify = subprocess.run(
-        ["systemd-analyze", "verify", str(installed)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert verify.returncode == 0, verify.stderr
+    assert systemd_verify(installed) == ""
 
 
 # --- Prometheus --------------------------------------------------------------------------------
