@@ -232,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from exporter.cluster.history_args import add_arguments as add_history_arguments
     from exporter.cluster.leader_args import add_arguments as add_leader_arguments
 
     cluster = sub.add_parser(
@@ -240,6 +241,7 @@ def add_cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         description="Watch Nodes, Pods, Events and Kueue objects; serve /metrics and /api/v1.",
     )
     add_leader_arguments(cluster)
+    add_history_arguments(cluster)
     cluster.add_argument(
         "--simulate",
         action="store_true",
@@ -416,6 +418,32 @@ def run_cluster(args: argparse.Namespace) -> int:
             if env is not None:
                 env.stop()
             return 2
+    from exporter.cluster.history_args import DATABASE_URL_ENV
+
+    history = None
+    url = args.database_url or os.environ.get(DATABASE_URL_ENV)
+    if url:
+        from exporter.cluster.history_feed import HistoryStartError, open_history
+
+        if args.leader_elect and url.startswith("sqlite"):
+            log.warning(
+                "--leader-elect with an SQLite history: each replica writes its own file;"
+                " share one history between replicas with PostgreSQL"
+            )
+        try:
+            history = open_history(
+                url,
+                leadership.identity,
+                retention_s=args.history_retention,
+                max_rows=args.history_max_rows,
+                queue_rows=args.history_queue_rows,
+                ephemeral=args.history_ephemeral,
+            )
+        except HistoryStartError as exc:
+            print(f"topowatch cluster: history store: {exc}", file=sys.stderr)
+            if env is not None:
+                env.stop()
+            return 2
     try:
         serve_cluster(
             client,
@@ -428,6 +456,7 @@ def run_cluster(args: argparse.Namespace) -> int:
             ec2_events_interval_s=max(10.0, args.ec2_events_interval),
             ec2_events_horizon_s=max(0.0, args.ec2_events_horizon) * 3600.0,
             leadership=leadership,
+            history=history,
         )
     finally:
         if env is not None:

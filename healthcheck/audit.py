@@ -67,6 +67,9 @@ class Auditor:
         self.lifecycle_counts: collections.Counter[str] = collections.Counter()
         self.event_failures: collections.Counter[str] = collections.Counter()
         self.total = 0
+        # Told of every record, in the caller's thread (the history feed queues it; it must
+        # not block).
+        self.on_record: Callable[[AuditRecord], None] | None = None
 
     def decision(self, decision: Decision) -> AuditRecord:
         record = AuditRecord(
@@ -164,8 +167,16 @@ class Auditor:
         with self._lock:
             self.trail.append(record)
             self.total += 1
+        if self.on_record is not None:
+            self.on_record(record)
         if log.isEnabledFor(level):
             log.log(level, "%s", json.dumps(record.as_dict(), sort_keys=True))
+
+    def numbered(self) -> list[tuple[int, AuditRecord]]:
+        """The trail with each record's sequence number (0 for the first record ever)."""
+        with self._lock:
+            first = self.total - len(self.trail)
+            return list(enumerate(self.trail, start=first))
 
     def recent(self, limit: int = 200) -> list[dict[str, Any]]:
         with self._lock:

@@ -23,6 +23,7 @@ from exporter.sim.faults import parse_faults
 from exporter.sim.hardware.node import SimulatedNode
 from exporter.sim.hardware.profiles import get_profile
 from exporter.snapshot import NodeSnapshot
+from tests.postgres_harness import PostgresMissing, PostgresServer, postgres_server
 
 # The shared reference data sits beside the checkout (../shared), in CI as in development.
 REFERENCE = Path(
@@ -184,3 +185,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL for the session (tests/postgres_harness.py); each test makes its own
+    database with `create_database`."""
+    try:
+        with postgres_server(options=["-c fsync=off"]) as server:
+            yield server
+    except PostgresMissing as exc:
+        pytest.fail(f"{exc}: run scripts/bootstrap.sh")

@@ -72,6 +72,10 @@ HEALTH_VALUES: dict[str, Any] = {
     }
 }
 KMSG_VALUES: dict[str, Any] = {"nodeAgent": {"kernelLog": {"source": "kmsg", "privileged": True}}}
+EPHEMERAL_VALUES: dict[str, Any] = {"history": {"persistence": {"enabled": False}}}
+POSTGRESQL_VALUES: dict[str, Any] = {
+    "history": {"postgresql": {"existingSecret": "topowatch-history-db", "key": "database-url"}}
+}
 
 Manifest = dict[str, Any]
 
@@ -95,6 +99,8 @@ def rendered(profile: str) -> tuple[Manifest, ...]:
         "act": ACT_VALUES,
         "health": HEALTH_VALUES,
         "kmsg": KMSG_VALUES,
+        "ephemeral": EPHEMERAL_VALUES,
+        "postgresql": POSTGRESQL_VALUES,
     }[profile]
     return tuple(render(CHART, values))
 
@@ -134,8 +140,16 @@ def test_app_version_follows_the_package_version() -> None:
 
 @pytest.mark.parametrize(
     "values",
-    [None, OBSERVE_VALUES, ACT_VALUES, HEALTH_VALUES, KMSG_VALUES],
-    ids=["default", "observe", "act", "health", "kmsg"],
+    [
+        None,
+        OBSERVE_VALUES,
+        ACT_VALUES,
+        HEALTH_VALUES,
+        KMSG_VALUES,
+        EPHEMERAL_VALUES,
+        POSTGRESQL_VALUES,
+    ],
+    ids=["default", "observe", "act", "health", "kmsg", "ephemeral", "postgresql"],
 )
 def test_chart_lints_without_warnings(values: dict[str, Any] | None) -> None:
     report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
@@ -143,7 +157,9 @@ def test_chart_lints_without_warnings(values: dict[str, Any] | None) -> None:
     assert report["errors"] == [] and serious == []
 
 
-@pytest.mark.parametrize("profile", ["default", "observe", "act", "health", "kmsg"])
+@pytest.mark.parametrize(
+    "profile", ["default", "observe", "act", "health", "kmsg", "ephemeral", "postgresql"]
+)
 def test_every_core_manifest_passes_strict_kubernetes_validation(profile: str) -> None:
     manifests = rendered(profile)
     core = [m for m in manifests if not m["apiVersion"].startswith("monitoring.coreos.com/")]
@@ -1399,7 +1415,11 @@ def test_the_operator_models_refuse_what_the_crd_refuses() -> None:
 
 # --- more than one cluster replica: leader election ------------------------------------------
 
-HA_VALUES: dict[str, Any] = {"cluster": {"replicas": 2}}
+# More than one replica needs the history on PostgreSQL (SQLite is single-replica).
+HA_VALUES: dict[str, Any] = {
+    "cluster": {"replicas": 2},
+    "history": {"postgresql": {"existingSecret": "topowatch-history-db"}},
+}
 LEASES = "coordination.k8s.io"
 
 
@@ -1498,7 +1518,8 @@ def test_two_replicas_keep_one_through_voluntary_disruptions() -> None:
 
 
 def test_rbac_off_leaves_out_the_lease_role_too() -> None:
-    manifests = render(CHART, {"cluster": {"replicas": 3}, "rbac": {"create": False}})
+    values = {"cluster": {"replicas": 3}, "rbac": {"create": False}, "history": {"enabled": False}}
+    manifests = render(CHART, values)
     assert not {m["kind"] for m in manifests} & {"Role", "RoleBinding"}
     assert "--leader-elect" in args_of(
         cluster_deployment(tuple(manifests))["spec"]["template"]["spec"]
@@ -1509,3 +1530,221 @@ def test_rbac_off_leaves_out_the_lease_role_too() -> None:
 def test_schema_refuses_a_replica_count_that_is_not_a_positive_integer(replicas: object) -> None:
     with pytest.raises(helm.HelmValuesError):
         helm.Chart.load(CHART).validate_schema({"cluster": {"replicas": replicas}})
+
+
+# --- the cluster service's history store -----------------------------------------------------
+
+HISTORY_DIR = "/var/lib/topowatch"
+SQLITE_URL = "sqlite:////var/lib/topowatch/history.db"
+HISTORY_FLAGS = (
+    "--database-url",
+    "--history-retention",
+    "--history-max-rows",
+    "--history-ephemeral",
+)
+
+
+def cluster_spec(manifests: tuple[Manifest, ...] | list[Manifest]) -> Manifest:
+    return dict(pod_specs(tuple(manifests)))["topowatch-cluster"]
+
+
+def cluster_env(spec: Manifest) -> dict[str, Manifest]:
+    return {e["name"]: e for e in spec["containers"][0].get("env", [])}
+
+
+def sqlite_path(url: str) -> Path:
+    """The file of a sqlite:////absolute/path URL (four slashes: an absolute path)."""
+    assert url.startswith("sqlite:////"), url
+    return Path(url.removeprefix("sqlite:///"))
+
+
+def validate_all(manifests: tuple[Manifest, ...] | list[Manifest]) -> None:
+    for manifest in manifests:
+        if not manifest["apiVersion"].startswith("monitoring.coreos.com/"):
+            kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
+
+
+def test_by_default_history_is_sqlite_on_a_kept_claim_the_non_root_pod_can_write() -> None:
+    manifests = rendered("default")
+    claim = one(manifests, "PersistentVolumeClaim", "topowatch-cluster-history")
+    assert claim["metadata"]["namespace"] == NAMESPACE
+    assert claim["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert claim["spec"]["resources"] == {"requests": {"storage": "20Gi"}}
+    assert "storageClassName" not in claim["spec"]  # the cluster's default StorageClass
+    spec = cluster_spec(manifests)
+    args = args_of(spec)
+    url = flag(args, "--database-url")
+    assert url == SQLITE_URL
+    # the database file lies on the claim's volume, mounted writable
+    mount, volume, name = mounted_file(spec, str(sqlite_path(url)))
+    assert name == "history.db" and mount["mountPath"] == HISTORY_DIR
+    assert not mount.get("readOnly")
+    assert volume["persistentVolumeClaim"] == {"claimName": "topowatch-cluster-history"}
+    assert flag(args, "--history-retention") == "90d"
+    assert flag(args, "--history-max-rows") == "10000000"  # not 1e+07
+    assert "--history-ephemeral" not in args
+    assert "TOPOWATCH_DATABASE_URL" not in cluster_env(spec)
+    # the kubelet gives the volume to the pod's group: uid 65532 may write it, still non-root
+    pod = spec["securityContext"]
+    assert pod["fsGroup"] == pod["runAsGroup"] == 65532
+    assert pod["runAsNonRoot"] is True and pod["runAsUser"] == 65532
+    assert container_context(spec)["readOnlyRootFilesystem"] is True
+    # the node agent writes no volume and gets no fsGroup
+    assert "fsGroup" not in agent_spec(manifests)["securityContext"]
+    # one replica, replaced by Recreate: the RWO volume is let go before the new pod mounts it
+    assert cluster_deployment(manifests)["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_the_claim_follows_its_values() -> None:
+    persistence = {
+        "size": "50Gi",
+        "storageClass": "gp3",
+        "accessModes": ["ReadWriteOncePod"],
+        "keepOnUninstall": False,
+    }
+    manifests = render(CHART, {"history": {"persistence": persistence, "maxRows": 250000000}})
+    validate_all(manifests)
+    claim = one(manifests, "PersistentVolumeClaim", "topowatch-cluster-history")
+    assert "annotations" not in claim["metadata"]
+    assert claim["spec"]["storageClassName"] == "gp3"
+    assert claim["spec"]["accessModes"] == ["ReadWriteOncePod"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    assert flag(args_of(cluster_spec(manifests)), "--history-max-rows") == "250000000"
+    static = render(CHART, {"history": {"persistence": {"storageClass": "-"}}})
+    claim = one(static, "PersistentVolumeClaim", "topowatch-cluster-history")
+    assert claim["spec"]["storageClassName"] == ""  # bind a pre-created PersistentVolume
+
+
+def test_an_existing_claim_is_mounted_and_none_is_created() -> None:
+    manifests = render(CHART, {"history": {"persistence": {"existingClaim": "my-history"}}})
+    validate_all(manifests)
+    assert not objects(manifests, "PersistentVolumeClaim")
+    spec = cluster_spec(manifests)
+    assert volumes_of(spec)["history"]["persistentVolumeClaim"] == {"claimName": "my-history"}
+    assert flag(args_of(spec), "--database-url") == SQLITE_URL
+    assert spec["securityContext"]["fsGroup"] == 65532
+
+
+def test_without_persistence_history_is_an_ephemeral_empty_dir_and_the_notes_warn() -> None:
+    manifests = rendered("ephemeral")
+    assert not objects(manifests, "PersistentVolumeClaim")
+    spec = cluster_spec(manifests)
+    args = args_of(spec)
+    assert "--history-ephemeral" in args
+    mount, volume, _ = mounted_file(spec, str(sqlite_path(flag(args, "--database-url"))))
+    assert mount["mountPath"] == HISTORY_DIR
+    assert volume == {"name": "history", "emptyDir": {}}
+    assert flag(args, "--history-retention") == "90d"
+    assert spec["securityContext"]["fsGroup"] == 65532
+    warning = notes(EPHEMERAL_VALUES)
+    assert "HISTORY IS EPHEMERAL" in warning and "LOST WITH THE POD" in warning
+    assert "history.persistence.enabled=false" in warning
+    default = notes(None)
+    assert "EPHEMERAL" not in default
+    assert "topowatch-cluster-history" in default and "helm.sh/resource-policy: keep" in default
+
+
+def test_postgresql_takes_its_url_from_the_secret_and_needs_no_volume() -> None:
+    manifests = rendered("postgresql")
+    assert not objects(manifests, "PersistentVolumeClaim")
+    spec = cluster_spec(manifests)
+    args = args_of(spec)
+    assert "--database-url" not in args  # the service falls back on TOPOWATCH_DATABASE_URL
+    assert not [a for a in args if "postgresql://" in a or "sqlite:" in a]
+    assert "--history-ephemeral" not in args
+    assert flag(args, "--history-retention") == "90d"
+    assert flag(args, "--history-max-rows") == "10000000"
+    assert cluster_env(spec)["TOPOWATCH_DATABASE_URL"] == {
+        "name": "TOPOWATCH_DATABASE_URL",
+        "valueFrom": {"secretKeyRef": {"name": "topowatch-history-db", "key": "database-url"}},
+    }
+    assert "history" not in volumes_of(spec) and "history" not in mounts_of(spec)
+    assert "fsGroup" not in spec["securityContext"]
+    assert "PostgreSQL" in notes(POSTGRESQL_VALUES)
+
+
+@pytest.mark.parametrize(
+    "history",
+    [{}, {"persistence": {"enabled": False}}, {"persistence": {"existingClaim": "mine"}}],
+    ids=["claim", "ephemeral", "existing-claim"],
+)
+def test_more_than_one_replica_on_sqlite_is_refused(history: dict[str, Any]) -> None:
+    values = {"cluster": {"replicas": 2}, "history": history}
+    with pytest.raises(helm.HelmError, match=r"cluster\.replicas=2 with history on SQLite") as err:
+        render(CHART, values)
+    message = str(err.value)
+    assert "single replica" in message
+    assert "history.postgresql.existingSecret" in message and "history.enabled=false" in message
+
+
+def test_more_than_one_replica_on_postgresql_rolls() -> None:
+    manifests = rendered_ha()
+    deployment = cluster_deployment(manifests)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert not objects(manifests, "PersistentVolumeClaim")
+    env = cluster_env(deployment["spec"]["template"]["spec"])
+    assert env["TOPOWATCH_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "topowatch-history-db",
+        "key": "url",
+    }
+    # history off also lets several replicas run, with nothing of the store
+    off = render(CHART, {"cluster": {"replicas": 2}, "history": {"enabled": False}})
+    assert cluster_deployment(tuple(off))["spec"]["strategy"]["type"] == "RollingUpdate"
+
+
+def test_history_disabled_renders_none_of_it() -> None:
+    values = {
+        "history": {
+            "enabled": False,
+            "postgresql": {"existingSecret": "ignored"},
+            "persistence": {"enabled": False},
+        }
+    }
+    for history_values in ({"history": {"enabled": False}}, values):
+        manifests = render(CHART, history_values)
+        validate_all(manifests)
+        assert not objects(manifests, "PersistentVolumeClaim")
+        spec = cluster_spec(manifests)
+        args = args_of(spec)
+        assert not [a for a in args if a in HISTORY_FLAGS or a.startswith("--history")]
+        assert "TOPOWATCH_DATABASE_URL" not in cluster_env(spec)
+        assert "history" not in volumes_of(spec) and "history" not in mounts_of(spec)
+        assert "fsGroup" not in spec["securityContext"]
+        assert cluster_deployment(tuple(manifests))["spec"]["strategy"] == {"type": "Recreate"}
+    assert "History: off" in notes({"history": {"enabled": False}})
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        {"retention": "90"},
+        {"retention": "90days"},
+        {"retention": "1w"},
+        {"retention": "-1d"},
+        {"retention": "1h30m"},
+        {"retention": 90},
+        {"maxRows": "1000"},
+        {"maxRows": 0},
+        {"enabled": "true"},
+        {"persistence": {"enable": True}},
+        {"persistence": {"size": "20 GB"}},
+        {"persistence": {"accessModes": []}},
+        {"persistence": {"accessModes": ["ReadOnlyMany"]}},
+        {"persistence": {"keepOnUninstall": "yes"}},
+        {"postgresql": {"url": "postgresql://u:p@db/x"}},  # the URL belongs in a Secret
+        {"postgresql": {"key": ""}},
+        {"sqlite": {}},
+    ],
+)
+def test_schema_refuses_history_values_of_the_wrong_shape(history: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        helm.Chart.load(CHART).validate_schema({"history": history})
+
+
+@pytest.mark.parametrize("retention", ["90d", "36h", "1.5d", "30m", "3600s"])
+def test_schema_accepts_the_retentions_the_service_takes(retention: str) -> None:
+    helm.Chart.load(CHART).validate_schema({"history": {"retention": retention}})
+    args = args_of(cluster_spec(render(CHART, {"history": {"retention": retention}})))
+    assert flag(args, "--history-retention") == retention

@@ -32,20 +32,11 @@ from exporter.history.sqlstore import (
     open_store,
     page_sql,
 )
-from tests.postgres_harness import PostgresMissing, PostgresServer, free_port, postgres_server
+from tests.postgres_harness import PostgresServer, free_port
 
 DAY = 86_400.0
 NOW = 1_780_000_000.0
 _names = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PostgresServer]:
-    try:
-        with postgres_server(options=["-c fsync=off"]) as server:
-            yield server
-    except PostgresMissing as exc:
-        pytest.fail(f"{exc}: run scripts/bootstrap.sh")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -139,7 +130,9 @@ def test_writes_are_upserts_so_replays_change_nothing(store: SqlStore, url: str)
     later = preemption(0, NOW, verdict="unfair", observed="history")
     store.write([later])
     assert count(url, "preemptions") == 50
-    assert store.preemptions(PreemptionQuery(since=0, limit=1)).items == (later.document,)
+    # the same key replaces (the new verdict), but a preemption once seen live stays live
+    newest = {**later.document, "observed": "live"}
+    assert store.preemptions(PreemptionQuery(since=0, limit=1)).items == (newest,)
     # the newest run of a workload name wins
     store.write([WorkloadRow("u1", "ns", "w", "cq", NOW - 10, True, {"run": 1})])
     store.write([WorkloadRow("u2", "ns", "w", "cq", NOW, False, {"run": 2})])
@@ -378,3 +371,74 @@ except StoreUnavailable as exc:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert "driver is not installed" in result.stdout
+
+
+def copy(i: int, t: float, key: str, **overrides: Any) -> PreemptionRow:
+    """A copy of preemption `i` as one writer's ledger entry `key` saw it at time `t`."""
+    return preemption(i, t, key=key, **overrides)
+
+
+# Each row: what was stored, what arrives, and what a reader must see. The rule is the ledger's
+# (exporter/cluster/ledger.py `_same_preemption` / `_merge`): copies of one victim's preemption
+# within SAME_PREEMPTION_WINDOW_S (10 s) naming no two preemptors are one preemption, with the
+# earliest time, the first verdict unless "unknown", and "live" when either copy is.
+MERGES = [
+    pytest.param(
+        [copy(1, NOW + 1, "a/7", verdict="unknown", observed="history")],
+        [copy(1, NOW, "b/3", verdict="quota", observed="history")],
+        [(NOW, "quota", "history", "a/7")],
+        id="restart: the Event's earlier copy under a new key merges, an unknown verdict yields",
+    ),
+    pytest.param(
+        [copy(1, NOW, "a/7", verdict="topology")],
+        [copy(1, NOW + 2, "b/3", verdict="quota", observed="history")],
+        [(NOW, "topology", "live", "a/7")],
+        id="another writer's later copy keeps the first verdict and the live mark",
+    ),
+    pytest.param(
+        [copy(1, NOW, "a/7", verdict="unknown")],
+        [copy(1, NOW, "a/7", verdict="quota")],
+        [(NOW, "quota", "live", "a/7")],
+        id="the same key is the writer's newer view of its own entry: it replaces",
+    ),
+    pytest.param(
+        [copy(1, NOW, "a/7", preemptor_uid="p-1")],
+        [copy(1, NOW + 1, "b/3", preemptor_uid="p-2")],
+        [(NOW + 1, "fair", "live", "b/3"), (NOW, "fair", "live", "a/7")],
+        id="two preemptors within the window are two preemptions",
+    ),
+    pytest.param(
+        [copy(1, NOW, "a/7")],
+        [copy(1, NOW + 11, "b/3")],
+        [(NOW + 11, "fair", "live", "b/3"), (NOW, "fair", "live", "a/7")],
+        id="eleven seconds apart are two preemptions",
+    ),
+    pytest.param(
+        [],
+        [
+            copy(1, NOW + 1, "a/7", preemptor_uid="", verdict="unknown"),
+            copy(1, NOW, "b/3", verdict="quota"),
+        ],
+        [(NOW, "quota", "live", "a/7")],
+        id="two copies in one batch: one row, the missing preemptor filled",
+    ),
+]
+
+
+@pytest.mark.parametrize(("stored", "arriving", "expected"), MERGES)
+def test_copies_of_one_preemption_are_one_row(
+    store: SqlStore,
+    url: str,
+    stored: list[PreemptionRow],
+    arriving: list[PreemptionRow],
+    expected: list[tuple[float, str, str, str]],
+) -> None:
+    if stored:
+        store.write(stored)
+    store.write(arriving)
+    store.write(arriving)  # a batch written twice changes nothing
+    items = everything(store)
+    keys = peek(url, "SELECT key FROM preemptions ORDER BY time DESC, id DESC")
+    assert [(d["time"], d["verdict"], d["observed"]) for d in items] == [e[:3] for e in expected]
+    assert [k for (k,) in keys] == [e[3] for e in expected]  # the first row's key stays
+    assert all(d["preemptor_uid"] for d in items)  # a blank is filled from the other copy

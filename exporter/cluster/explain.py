@@ -89,6 +89,11 @@ def _newest_time(obj: Mapping[str, Any]) -> float:
 
 def explain_text(view: Mapping[str, Any]) -> str:
     lines = [_headline(view)]
+    ended = view.get("history")
+    if isinstance(ended, Mapping):  # a stored view: the workload is no longer live
+        gone = f"deleted at {ended['deleted_at']}" if ended.get("deleted_at") else "deleted"
+        state = gone if ended.get("deleted") else "finished"
+        lines.append(f"From history: {state}; as it was at {ended.get('ended_at')}.")
     pending = view.get("pending")
     if pending:
         lines.append(f"Pending ({pending['cause']}): {pending['summary']}")

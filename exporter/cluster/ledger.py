@@ -14,16 +14,16 @@ live when either copy is.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
+
+# One rule for the ledger and the history store (re-exported for the timeline).
+from exporter.history.records import SAME_PREEMPTION_WINDOW_S as SAME_PREEMPTION_WINDOW_S
 
 K = TypeVar("K")
 Verdict = Literal["quota", "topology", "unknown"]
 Observed = Literal["live", "history"]
-
-# Condition and Event timestamps of one preemption differ by a second or two.
-SAME_PREEMPTION_WINDOW_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +74,8 @@ class PreemptionLedger:
         self._by_victim: dict[tuple[str, str], list[int]] = {}
         self._by_preemptor_uid: dict[str, list[int]] = {}
         self._next_id = 0
+        # Told of every entry added or changed, by id (the history feed marks it for writing).
+        self.on_change: Callable[[int], None] | None = None
 
     def __len__(self) -> int:
         return len(self._records)
@@ -90,6 +92,8 @@ class PreemptionLedger:
             known = self._records[rid]
             if _same_preemption(known, entry):
                 self._records[rid] = _merge(known, entry)
+                if self.on_change is not None:
+                    self.on_change(rid)
                 return rid, False
         rid = self._next_id
         self._next_id += 1
@@ -99,7 +103,13 @@ class PreemptionLedger:
             self._by_preemptor_uid.setdefault(entry.preemptor_uid, []).append(rid)
         while len(self._records) > self.capacity:
             self._evict_oldest()
+        if self.on_change is not None:
+            self.on_change(rid)
         return rid, True
+
+    def items(self) -> Iterator[tuple[int, PreemptionRecord]]:
+        """(id, entry) in arrival order."""
+        return iter(self._records.items())
 
     def get(self, rid: int) -> PreemptionRecord | None:
         return self._records.get(rid)
@@ -108,6 +118,8 @@ class PreemptionLedger:
         """Replace a known entry (same victim and preemptor UID); ignored once evicted."""
         if rid in self._records:
             self._records[rid] = entry
+            if self.on_change is not None:
+                self.on_change(rid)
 
     def suffered_by(self, namespace: str, name: str) -> list[PreemptionRecord]:
         return [self._records[rid] for rid in self._by_victim.get((namespace, name), ())]

@@ -209,6 +209,10 @@ class ClusterModel:
         self.elastic = ElasticBook()
         self.idle = IdleAccountant()
         self._node_flavor: dict[str, str] = {}
+        # Told when a workload finishes (deleted=False) or is deleted (True) while this model
+        # watches: the history feed keeps its explain view. A workload already finished in a
+        # kind's first list is not news (whoever watched it finish wrote it).
+        self.on_workload_ended: Callable[[WorkloadState, bool, float], None] | None = None
         self._handlers: dict[str, Callable[[str, Mapping[str, Any], float], None]] = {
             "Node": self._apply_node,
             "Pod": self._apply_pod,
@@ -427,6 +431,8 @@ class ClusterModel:
         if event_type == "DELETED":
             state = self.workloads.pop(key, None)
             if state is not None:
+                if self.on_workload_ended is not None:
+                    self.on_workload_ended(state, True, now)
                 self._unindex_workload(state.workload)
                 self.idle.remove_demand(key, now)
                 self._elastic_workload(state.workload, None, now)
@@ -452,6 +458,13 @@ class ClusterModel:
         self._settle_awaiting(workload, now)
         self._idle_demand(workload, now)
         self._elastic_workload(old, workload, now)
+        if (
+            self.on_workload_ended is not None
+            and workload.is_true("Finished")
+            and not (old is not None and old.is_true("Finished"))
+            and not self._replaying_history
+        ):
+            self.on_workload_ended(state, False, now)
 
     def _apply_event(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         if event_type == "DELETED":

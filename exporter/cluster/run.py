@@ -17,7 +17,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ from exporter.cluster.views import preemptions_view
 from exporter.sources.ec2_events import Ec2EventsError, Ec2EventsSource
 
 if TYPE_CHECKING:
+    from exporter.cluster.history_feed import HistoryFeed
     from exporter.cluster.leader import Leadership
     from healthcheck.controller import RemediationController
 
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CLUSTER_PORT = 9403
 QUOTA_SAMPLE_S = 60.0
 EC2_EVENTS_INTERVAL_S = 300.0
+HISTORY_FLUSH_S = 1.0
 
 
 def kube_api_client(host: str | None = None) -> kubernetes.client.ApiClient:
@@ -78,18 +80,28 @@ def serve_cluster(
     ec2_events_interval_s: float = EC2_EVENTS_INTERVAL_S,
     ec2_events_horizon_s: float | None = None,
     leadership: Leadership | None = None,
+    history: HistoryFeed | None = None,
+    history_flush_s: float = HISTORY_FLUSH_S,
 ) -> ClusterService:
     """Run informers and the HTTP service until SIGTERM/SIGINT (or `stop`). `ec2_events`, when
     given, is polled every `ec2_events_interval_s` for EC2 scheduled events. `leadership`
     (several replicas): campaigned for from the start; on stop the Lease is released, so a
-    standby takes over at once rather than after the lease duration."""
+    standby takes over at once rather than after the lease duration. `history` (a durable
+    store): fed from the model and the audit every `history_flush_s`, by the leader only; on
+    stop what is queued is written (for up to 10 s)."""
     service = ClusterService(
         workload_cap=workload_cap,
         controller=controller,
         alerts_token=alerts_token,
         quota_min_observed_s=quota_min_observed_s,
         leadership=leadership,
+        history=history,
     )
+    if history is not None:
+        history.attach(service.model, controller.auditor if controller is not None else None)
+        if leadership is not None:
+            history.leading = lambda: leadership.is_leader
+        history.writer.start()
     if leadership is not None:
         leadership.start()
     if ec2_events is not None:
@@ -118,6 +130,11 @@ def serve_cluster(
                 on_started(bound, service)
 
         sampler = asyncio.create_task(_sample_quota(service, quota_sample_s))
+        pump = (
+            asyncio.create_task(_pump_history(service, history, history_flush_s))
+            if history is not None
+            else None
+        )
         poller = (
             asyncio.create_task(poll_ec2_events(service, ec2_events, ec2_events_interval_s))
             if ec2_events is not None
@@ -127,6 +144,8 @@ def serve_cluster(
             await run_app(build_app(service), host, port, stop_event, started)
         finally:
             sampler.cancel()
+            if pump is not None:
+                pump.cancel()
             if poller is not None:
                 poller.cancel()
 
@@ -136,9 +155,34 @@ def serve_cluster(
         informers.stop()
         if controller is not None:
             controller.stop()
+        if history is not None:
+            _stop_history(service, history)
         if leadership is not None:
             leadership.stop()
     return service
+
+
+async def _pump_history(service: ClusterService, history: HistoryFeed, every_s: float) -> None:
+    """Hand what changed to the history writer every `every_s` seconds, off the event loop."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await loop.run_in_executor(None, history.pump, service.lock)
+        except Exception:  # history is not worth the live answers: log, go on
+            log.exception("history pump failed")
+
+
+def _stop_history(service: ClusterService, history: HistoryFeed) -> None:
+    """The last changes, written while this replica still leads (its Lease is released after)."""
+    try:
+        history.pump(service.lock)
+    except Exception:
+        log.exception("history pump failed at stop")
+    if not history.writer.flush(10.0):
+        log.warning("history: %d rows not written at stop", history.writer.queued)
+    history.writer.stop(timeout=1.0)
+    history.store.close()
 
 
 async def _sample_quota(service: ClusterService, every_s: float) -> None:
@@ -320,7 +364,8 @@ def explain_offline(dump: Path, target: str | None, all_preemptions: bool, as_js
 def explain_live(server: str, target: str | None, all_preemptions: bool, as_json: bool) -> str:
     base = server.rstrip("/")
     if all_preemptions:
-        records = _get_json(f"{base}/api/v1/preemptions")
+        records = _get_pages(f"{base}/api/v1/preemptions?limit=1000")
+        records.reverse()  # pages come newest first; the text reads oldest first, like a log
         return _dumps(records) if as_json else preemptions_text(records)
     namespace, name = _split_target(target)
     quoted = f"{urllib.parse.quote(namespace)}/{urllib.parse.quote(name)}"
@@ -342,10 +387,31 @@ def _split_target(target: str | None) -> tuple[str, str]:
     return namespace, name
 
 
+MAX_PAGES = 100
+
+
+def _get_pages(url: str) -> list[Any]:
+    """Every item of a paged list (X-Next-Cursor), up to MAX_PAGES pages."""
+    items: list[Any] = []
+    cursor = None
+    for _ in range(MAX_PAGES):
+        page_url = url if cursor is None else f"{url}&cursor={urllib.parse.quote(cursor)}"
+        page, headers = _get_json_and_headers(page_url)
+        items += page
+        cursor = headers.get("X-Next-Cursor")
+        if not cursor:
+            break
+    return items
+
+
 def _get_json(url: str) -> Any:
+    return _get_json_and_headers(url)[0]
+
+
+def _get_json_and_headers(url: str) -> tuple[Any, Mapping[str, str]]:
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
-            return json.load(response)
+            return json.load(response), response.headers
     except urllib.error.HTTPError as exc:
         try:
             message = json.load(exc).get("error", exc.reason)

@@ -9,16 +9,17 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
-import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from exporter.cluster import elastic_views, metrics, views
+from exporter.cluster.history_args import parse_since as parse_since
+from exporter.cluster.history_routes import add_history_routes
+from exporter.cluster.history_rows import LIVE_CURSOR, live_audit_page, live_preemption_page
 from exporter.cluster.informers import InformerSet
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.quota.advisor import AdvisorConfig, Recommendation, advise, fair_share_weights
@@ -35,16 +36,16 @@ from exporter.exposition import (
     encode_text,
     wants_openmetrics,
 )
+from exporter.history.records import AuditQuery, Page, PreemptionQuery
+from exporter.history.sqlstore import StoreUnavailable
 from exporter.sources.ec2_events import ScheduledEvent
 
 if TYPE_CHECKING:
+    from exporter.cluster.history_feed import HistoryFeed
     from exporter.cluster.leader import Leadership
     from healthcheck.controller import RemediationController
 
 log = logging.getLogger(__name__)
-
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class ClusterService:
@@ -59,8 +60,10 @@ class ClusterService:
         alerts_token: str | None = None,
         quota_min_observed_s: float = 3600.0,
         leadership: Leadership | None = None,
+        history: HistoryFeed | None = None,
     ) -> None:
         self.model = model or ClusterModel()
+        self.history = history  # the durable store and its feed; None: memory only
         self.leadership = leadership  # several replicas: which one leads (exported)
         self.controller = controller  # gets every Node event; its observe_node never blocks
         self.alerts_token = alerts_token
@@ -122,6 +125,8 @@ class ClusterService:
             families.extend(self.controller.families())
         if self.leadership is not None:
             families.extend(self.leadership.families())
+        if self.history is not None:
+            families.extend(self.history.families())
         return encode_openmetrics(families) if openmetrics else encode_text(families)
 
     def informer_families(self) -> list[Family]:
@@ -225,6 +230,39 @@ class ClusterService:
         with self.lock:
             return views.preemptions_view(self.model, since)
 
+    # the whole history: the store when there is one, else (or while it is away) the model
+    def preemption_page(self, q: PreemptionQuery) -> tuple[Page, str, str | None]:
+        """(page, "history" | "live", why the store did not answer)."""
+        note = None
+        if self.history is not None and not (q.cursor or "").startswith(LIVE_CURSOR):
+            try:
+                return self.history.store.preemptions(q), "history", None
+            except StoreUnavailable as exc:
+                if q.cursor:
+                    raise  # a store's cursor cannot page the live model
+                note = str(exc)
+        with self.lock:
+            return live_preemption_page(self.model.ledger, q), "live", note
+
+    def audit_page(self, q: AuditQuery) -> tuple[Page, str, str | None]:
+        note = None
+        if self.history is not None and not (q.cursor or "").startswith(LIVE_CURSOR):
+            try:
+                return self.history.store.audit(q), "history", None
+            except StoreUnavailable as exc:
+                if q.cursor:
+                    raise
+                note = str(exc)
+        trail = self.controller.auditor.numbered() if self.controller is not None else []
+        return live_audit_page(trail, q), "live", note
+
+    def ended_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored view of a finished or deleted workload (None: none, or no store);
+        StoreUnavailable while the store is away."""
+        if self.history is None:
+            return None
+        return self.history.store.workload(namespace, name)
+
     def topology(self) -> dict[str, Any]:
         with self.lock:
             return views.topology_view(self.model)
@@ -297,25 +335,6 @@ def _log_problems(problems: Iterable[str]) -> None:
         log.warning("cluster model: %s", problem)
 
 
-def parse_since(value: str | None, now: float) -> float:
-    """`since` as Unix seconds, RFC 3339, or a duration back from now (`90s`, `15m`, `2h`)."""
-    if not value:
-        return 0.0
-    match = _DURATION.match(value)
-    if match:
-        return now - float(match.group(1)) * _UNITS[match.group(2)]
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError as exc:
-        raise ValueError(
-            f"since={value!r}: expected Unix seconds, RFC 3339, or a duration like 15m"
-        ) from exc
-
-
 def build_app(service: ClusterService) -> web.Application:
     """Routes only; the work runs in the default executor so the loop keeps answering."""
 
@@ -341,22 +360,21 @@ def build_app(service: ClusterService) -> web.Application:
     async def workload(request: web.Request) -> web.Response:
         ns, name = request.match_info["namespace"], request.match_info["name"]
         view = await off_loop(service.workload, ns, name)
+        if view is not None:
+            return web.json_response(view, headers={"X-Topowatch-Source": "live"})
+        try:  # finished and gone, or deleted: its view as it ended
+            view = await off_loop(service.ended_workload, ns, name)
+        except StoreUnavailable as exc:
+            return _error(503, f"workload {ns}/{name} is not live; history unavailable: {exc}")
         if view is None:
             return _error(404, f"workload {ns}/{name} not found")
-        return web.json_response(view)
+        return web.json_response(view, headers={"X-Topowatch-Source": "history"})
 
     async def workloads(request: web.Request) -> web.Response:
         q = request.query
         return web.json_response(
             await off_loop(service.workloads, q.get("namespace"), q.get("status"))
         )
-
-    async def preemptions(request: web.Request) -> web.Response:
-        try:
-            since = parse_since(request.query.get("since"), service.clock())
-        except ValueError as exc:
-            return _error(400, str(exc))
-        return web.json_response(await off_loop(service.preemptions, since))
 
     async def topology(_: web.Request) -> web.Response:
         return web.json_response(await off_loop(service.topology))
@@ -389,7 +407,7 @@ def build_app(service: ClusterService) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/api/v1/workloads", workloads)
     app.router.add_get("/api/v1/workloads/{namespace}/{name}", workload)
-    app.router.add_get("/api/v1/preemptions", preemptions)
+    add_history_routes(app, service, off_loop)
     app.router.add_get("/api/v1/topology", topology)
     app.router.add_get("/api/v1/efa/remote-errors", efa_remote_errors)
     app.router.add_get("/api/v1/quota/recommendations", quota)

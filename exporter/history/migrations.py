@@ -128,6 +128,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX scale_events_time ON scale_events (time DESC, id DESC)",
         ),
     ),
+    Migration(
+        2,
+        "preemptions by victim name, for merging copies of one preemption",
+        # A write looks up the rows of its victims (by name, a batch at a time) to merge
+        # copies of one preemption written under different keys (records.merge_preemption).
+        ("CREATE INDEX preemptions_victim ON preemptions (victim_name, victim_namespace, time)",),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -16,17 +16,27 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
 
 
+# One preemption reaches a watcher as a condition and as an Event, a second or two apart, and
+# again after a restart: copies of one victim's preemption within this window (and naming no
+# two different preemptors) are one preemption. The ledger (exporter.cluster.ledger) and the
+# store merge by this one rule.
+SAME_PREEMPTION_WINDOW_S = 10.0
+_BLANK: tuple[object, ...] = ("", None, 0, "Unknown", "unknown")
+
+
 @dataclass(frozen=True)
 class PreemptionRow:
-    """One preemption from the ledger. `key` is derived by the caller, e.g. victim uid +
-    preemptor uid + whole-second time, so the same preemption seen twice is one row."""
+    """One preemption from a ledger. `key` names the ledger entry that wrote it (a process and
+    the entry's id there): a row written again under the same key replaces it, a row under
+    another key (another replica, the same process after a restart) is merged into the row of
+    the same preemption by `merge_preemption`."""
 
     key: str
     time: float
@@ -85,6 +95,45 @@ class ScaleEventRow:
 
 
 Row = PreemptionRow | WorkloadRow | AuditRow | ScaleEventRow
+
+
+def same_preemption(a: PreemptionRow, b: PreemptionRow) -> bool:
+    """The ledger's rule: one victim, no two different preemptors, within the window."""
+    if (a.victim_namespace, a.victim_name) != (b.victim_namespace, b.victim_name):
+        return False
+    if a.preemptor_uid and b.preemptor_uid and a.preemptor_uid != b.preemptor_uid:
+        return False
+    return abs(a.time - b.time) <= SAME_PREEMPTION_WINDOW_S
+
+
+def merge_preemption(known: PreemptionRow, new: PreemptionRow) -> PreemptionRow:
+    """One row for two copies of one preemption.
+
+    Under the same key `new` is the writer's newer view of its own entry and replaces `known`.
+    Under different keys the ledger's merge applies: the earliest time, the first verdict
+    unless it is "unknown", whatever the kept copy lacks filled from the other, and "live"
+    when either copy is. The key and row id of `known` stay, so readers see one row."""
+    observed = "live" if "live" in (known.observed, new.observed) else new.observed
+    earlier = known if known.time <= new.time else new
+    if new.key == known.key:
+        document = {**new.document, "observed": observed}
+        if "time" in earlier.document:
+            document["time"] = earlier.document["time"]
+        return replace(new, time=earlier.time, observed=observed, document=document)
+    first, other = (known, new) if known.verdict != "unknown" else (new, known)
+    values = {f.name: getattr(first, f.name) for f in fields(first) if f.name != "document"}
+    for name, value in values.items():
+        if value in _BLANK and getattr(other, name) not in _BLANK:
+            values[name] = getattr(other, name)
+    document = dict(first.document)
+    for name, value in other.document.items():
+        if document.get(name) in _BLANK and value not in _BLANK:
+            document[name] = value
+    if "time" in earlier.document:
+        document["time"] = earlier.document["time"]
+    document["observed"] = observed
+    values.update(key=known.key, time=earlier.time, observed=observed)
+    return PreemptionRow(document=document, **values)
 
 
 def _check_limit(limit: int) -> None:

@@ -49,6 +49,8 @@ from exporter.history.records import (
     WorkloadRow,
     decode_cursor,
     encode_cursor,
+    merge_preemption,
+    same_preemption,
 )
 
 T = TypeVar("T")
@@ -134,6 +136,18 @@ def _upsert_sql(table: _Table) -> str:
 
 
 _UPSERT = {t.row_type: _upsert_sql(t) for t in _TABLES}
+_PREEMPTION_COLUMNS = _columns(_TABLE_OF[PreemptionRow])
+_UPDATE_PREEMPTION = (
+    f"UPDATE preemptions SET {', '.join(f'{c} = ?' for c in _PREEMPTION_COLUMNS)} WHERE id = ?"
+)
+_VICTIMS_PER_QUERY = 500  # names in one IN (...): far below either database's parameter limit
+
+
+def _preemption_from(columns: Sequence[Any]) -> PreemptionRow:
+    """A row read back (the columns of `_PREEMPTION_COLUMNS`, in order)."""
+    values = dict(zip(_PREEMPTION_COLUMNS, columns, strict=True))
+    values["document"] = json.loads(values["document"])
+    return PreemptionRow(**values)
 
 
 class _Backend:
@@ -229,18 +243,25 @@ class SqlStore:
     # -- the interface
 
     def write(self, batch: Sequence[Row]) -> None:
-        """Upsert every row of `batch` in one transaction."""
+        """Write every row of `batch` in one transaction: preemptions merged into the row of
+        the same preemption (`_merge_preemptions`), the others upserted by their key."""
         groups: dict[type, list[list[Any]]] = {}
+        preemptions: list[PreemptionRow] = []
         for row in batch:
             if type(row) not in _UPSERT:
                 raise TypeError(f"not a history row: {type(row).__name__}")
-            groups.setdefault(type(row), []).append(_values(row))
+            if isinstance(row, PreemptionRow):
+                preemptions.append(row)
+            else:
+                groups.setdefault(type(row), []).append(_values(row))
 
         def work(cur: Any) -> None:
+            if preemptions:
+                self._merge_preemptions(cur, preemptions)
             for row_type, values in groups.items():
                 cur.executemany(self._param(_UPSERT[row_type]), values)
 
-        if groups:
+        if groups or preemptions:
             self._run(lambda cur: self._transaction(cur, work))
 
     def preemptions(self, q: PreemptionQuery) -> Page:
@@ -337,6 +358,42 @@ class SqlStore:
 
         for migration in migrations.pending(self._run(found)):
             migrate_one(migration)
+
+    def _merge_preemptions(self, cur: Any, rows: Sequence[PreemptionRow]) -> None:
+        """Each row merged into the stored (or earlier in this batch) row of the same
+        preemption, else inserted. The candidates are read a few hundred victims a query, so
+        a batch costs a handful of indexed reads, not one per row."""
+        names = sorted({r.victim_name for r in rows})
+        known: dict[tuple[str, str], list[list[Any]]] = {}  # victim -> [[id | None, row]]
+        select = f"SELECT id, {', '.join(_PREEMPTION_COLUMNS)} FROM preemptions"
+        for start in range(0, len(names), _VICTIMS_PER_QUERY):
+            chunk = names[start : start + _VICTIMS_PER_QUERY]
+            cur.execute(
+                self._param(f"{select} WHERE victim_name IN ({', '.join('?' for _ in chunk)})"),
+                chunk,
+            )
+            for found in cur.fetchall():
+                stored = _preemption_from(found[1:])
+                victim = (stored.victim_namespace, stored.victim_name)
+                known.setdefault(victim, []).append([found[0], stored])
+        changed: dict[int, list[Any]] = {}  # by id() of the entry, in first-changed order
+        for row in rows:
+            entries = known.setdefault((row.victim_namespace, row.victim_name), [])
+            match = next((e for e in entries if e[1].key == row.key), None) or next(
+                (e for e in entries if same_preemption(e[1], row)), None
+            )
+            if match is None:
+                match = [None, row]
+                entries.append(match)
+            else:
+                match[1] = merge_preemption(match[1], row)
+            changed.setdefault(id(match), match)
+        updates = [[*_values(e[1]), e[0]] for e in changed.values() if e[0] is not None]
+        inserts = [_values(e[1]) for e in changed.values() if e[0] is None]
+        if updates:
+            cur.executemany(self._param(_UPDATE_PREEMPTION), updates)
+        if inserts:
+            cur.executemany(self._param(_UPSERT[PreemptionRow]), inserts)
 
     def _page(self, q: PreemptionQuery | AuditQuery) -> Page:
         sql, args = page_sql(q)
@@ -473,12 +530,18 @@ def _backend_for(url: str) -> _Backend:
     )
 
 
+def store_for(url: str) -> SqlStore:
+    """The store at `url`, not yet connected nor migrated (`migrate` before use);
+    StoreUrlError when the URL is malformed, StoreUnavailable when its driver is missing."""
+    return SqlStore(_backend_for(url))
+
+
 def open_store(url: str) -> SqlStore:
     """Connect to the store at `url` and bring its schema up to date.
 
     StoreUrlError when the URL is malformed, StoreUnavailable when the database cannot be
     reached or opened, migrations.SchemaTooNew when a newer topowatch migrated it."""
-    store = SqlStore(_backend_for(url))
+    store = store_for(url)
     try:
         store.migrate()
     except BaseException:

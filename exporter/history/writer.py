@@ -47,8 +47,10 @@ class HistoryWriter:
         batch_max: int = 500,
         flush_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        max_backoff_s: float = MAX_BACKOFF_S,
     ) -> None:
         self.sink = sink
+        self.max_backoff_s = max_backoff_s
         self.max_rows = max_rows
         self.batch_max = batch_max
         self.flush_s = flush_s
@@ -128,7 +130,7 @@ class HistoryWriter:
                 self._failed(batch, exc)
                 if self._wait(backoff):
                     return
-                backoff = min(MAX_BACKOFF_S, backoff * 2)
+                backoff = min(self.max_backoff_s, backoff * 2)
                 continue
             except Exception as exc:  # a row the store will never take: find it, keep the rest
                 batch = self._without_rejected(batch, exc)
@@ -183,6 +185,12 @@ class HistoryWriter:
             return self._stopping
 
     # -- outputs --
+
+    @property
+    def queued(self) -> int:
+        """Rows waiting to be written (a batch being written counts until it is)."""
+        with self._lock:
+            return len(self._queue)
 
     def families(self) -> list[Family]:
         with self._lock:

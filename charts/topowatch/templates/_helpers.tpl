@@ -40,7 +40,10 @@ capabilities:
   drop: ["ALL"]
 {{- end -}}
 
-{{/* Pod securityContext; pass (dict "root" $ "runAsRoot" bool "supplementalGroups" list). */}}
+{{/* Pod securityContext; pass (dict "root" $ "runAsRoot" bool "supplementalGroups" list),
+and "fsGroup" int where the pod writes a volume: the kubelet makes the volume's files group-
+owned by it and group-writable, so the non-root user can write them (OnRootMismatch: only when
+the volume's root is not already so, not a recursive walk of a large volume on every start). */}}
 {{- define "topowatch.podSecurityContext" -}}
 {{- if .runAsRoot }}
 runAsNonRoot: false
@@ -55,8 +58,24 @@ runAsGroup: 65532
 supplementalGroups:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- if hasKey . "fsGroup" }}
+fsGroup: {{ .fsGroup }}
+fsGroupChangePolicy: OnRootMismatch
+{{- end }}
 seccompProfile:
   type: RuntimeDefault
+{{- end -}}
+
+{{/* The cluster service's history store: "sqlite" (a file on a volume), "postgresql" (a URL
+from a Secret), or "" (history.enabled false). */}}
+{{- define "topowatch.history.store" -}}
+{{- if .Values.history.enabled -}}
+{{- if .Values.history.postgresql.existingSecret -}}postgresql{{- else -}}sqlite{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "topowatch.history.claimName" -}}
+{{- .Values.history.persistence.existingClaim | default (printf "%s-history" (include "topowatch.cluster.name" .)) -}}
 {{- end -}}
 
 {{/* Dashboards the chart carries (copied in by scripts/sync_chart_assets.py). */}}

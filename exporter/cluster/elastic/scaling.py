@@ -27,7 +27,7 @@ ledger, uncounted, and the same Workload never makes two events.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -203,6 +203,8 @@ class ElasticBook:
         self.phase_sum: dict[str, float] = dict.fromkeys(PHASES[1:], 0.0)
         self.phase_count: Counter[str] = Counter()
         self.hyperpod_served = False  # the HyperPodPyTorchJob kind has listed at least once
+        # Told of every scale event opened (the history feed writes it as its phases fill in).
+        self.on_event: Callable[[ScaleEvent], None] | None = None
 
     # --- lookups --------------------------------------------------------------------------
 
@@ -485,6 +487,8 @@ class ElasticBook:
             self._event_of.pop(job.events[0].dedupe, None)
         job.events.append(event)
         self._event_of[key] = event
+        if self.on_event is not None:
+            self.on_event(event)
         return event
 
     def _settle(self, event: ScaleEvent, cause: str) -> None:
