@@ -329,7 +329,7 @@ def test_only_the_leader_writes_and_a_new_leader_writes_what_the_old_one_had_not
             now[0] = at
             for replica in (leader, standby):
                 live_preemption(replica, name, at)
-            standby.pump()  # a standby marks and drops: it writes nothing
+            standby.pump()  # a standby keeps its marks and writes nothing
             if name == "v1":
                 leader.pump()
         # v2 happened, but the leader dies before its next pump

@@ -8,10 +8,14 @@ updated five times in a second is one row write, and the model's per-event cost 
 on the database at all (benchmarks/history_overhead.py measures it).
 
 Only the leader writes (`leading`): two replicas writing one PostgreSQL would race each other's
-merges for nothing. A standby drops what it marks; when it becomes the leader it marks
-everything it holds (every ledger entry, every finished workload, every open scale event), so
-what the old leader had not yet written when it died is written by the new one, once: writes
-are upserts, and copies of one preemption under two writers' keys merge in the store.
+merges for nothing. A standby keeps its marks instead (bounded: the ledger's entries, the last
+MAX_ENDED ended workloads, MAX_OPEN_EVENTS scale events); when it becomes the leader it writes
+them, so what the old leader had not yet written when it died is written by the new one:
+writes are upserts, and copies of one preemption under two writers' keys merge in the store.
+A backlog is written a slice per pump (MAX_*_PER_PUMP), so the lock is never held for long.
+
+What a kind's first list shows already finished is not written (the model does not report it):
+whoever watched it finish wrote it, with a richer timeline than a restart can rebuild.
 """
 
 from __future__ import annotations
@@ -43,6 +47,11 @@ log = logging.getLogger(__name__)
 DAY_S = 86_400.0
 PRUNE_EVERY_S = 3600.0
 MAX_OPEN_EVENTS = 10_000  # scale events followed until done; past it the oldest is let go
+MAX_ENDED = 20_000  # ended workloads waiting for their view to be written (a standby's too)
+# What one pump converts under the service lock, so that a backlog (a standby taking over)
+# is written over a few seconds instead of holding the lock, and every event, for one long one.
+MAX_PREEMPTIONS_PER_PUMP = 2_000
+MAX_VIEWS_PER_PUMP = 200
 SEEN_FINISH_KEEP = 100_000  # UIDs of workloads seen finishing, for their deletion
 
 
@@ -81,11 +90,9 @@ class HistoryFeed:
         self.leading: Callable[[], bool] = lambda: True
         self._model: ClusterModel | None = None
         self._dirty: set[int] = set()  # ledger entry ids
-        self._ended: list[tuple[WorkloadState, bool, float]] = []
-        self._opened: list[ScaleEvent] = []
+        self._ended: deque[tuple[WorkloadState, bool, float]] = deque(maxlen=MAX_ENDED)
         self._open: deque[ScaleEvent] = deque(maxlen=MAX_OPEN_EVENTS)
         self._seen_finish: dict[str, None] = {}  # insertion-ordered set, bounded
-        self._was_leading = False
         self._last_prune: float | None = None
         self._pump_lock = threading.Lock()
         self.pruned = 0
@@ -96,7 +103,7 @@ class HistoryFeed:
         self._model = model
         model.ledger.on_change = self._dirty.add
         model.on_workload_ended = self._workload_ended
-        model.elastic.on_event = self._opened.append
+        model.elastic.on_event = self._open.append
         if auditor is not None:
             auditor.on_record = self._audit
 
@@ -130,24 +137,19 @@ class HistoryFeed:
         model = self._model
         if model is None:
             return [], []
-        if not leading:
-            self._dirty.clear()
-            self._ended.clear()
-            self._opened.clear()
-            self._open.clear()
-            self._was_leading = False
+        if not leading:  # a standby keeps its marks for the day it leads, bounded by the ledger
+            if len(self._dirty) > model.ledger.capacity:
+                self._dirty.intersection_update(rid for rid, _ in model.ledger.items())
             return [], []
-        if not self._was_leading:
-            self._mark_everything(model)
-            self._was_leading = True
         rows: list[Row] = []
-        for rid in sorted(self._dirty):
+        for rid in sorted(self._dirty)[:MAX_PREEMPTIONS_PER_PUMP]:
+            self._dirty.discard(rid)
             record = model.ledger.get(rid)
             if record is not None:
                 rows.append(preemption_row(record, f"{self.writer_id}/{rid}"))
-        self._dirty.clear()
         deleted: list[tuple[WorkloadState, float, dict[str, Any]]] = []
-        for state, is_deleted, at in self._ended:
+        for _ in range(min(len(self._ended), MAX_VIEWS_PER_PUMP)):
+            state, is_deleted, at = self._ended.popleft()
             uid = state.workload.uid
             if is_deleted and uid not in self._seen_finish:
                 # Not seen finishing here (it finished before this process watched, or never
@@ -160,26 +162,11 @@ class HistoryFeed:
                 self._seen_finish[uid] = None
                 if len(self._seen_finish) > SEEN_FINISH_KEEP:
                     del self._seen_finish[next(iter(self._seen_finish))]
-        self._ended.clear()
-        self._open.extend(self._opened)
-        self._opened.clear()
-        for event in list(self._open):
+        for event in self._open:
             rows.append(scale_event_row(event))
         # Written once more after it settles, then no longer followed.
         self._open = deque((e for e in self._open if not (e.done and e.cause)), MAX_OPEN_EVENTS)
         return rows, deleted
-
-    def _mark_everything(self, model: ClusterModel) -> None:
-        """Leadership begins: what this replica holds may be what the old leader never wrote."""
-        self._dirty.update(rid for rid, _ in model.ledger.items())
-        now = self.clock()
-        self._ended = [
-            (state, False, now)
-            for state in model.workloads.values()
-            if state.workload.is_true("Finished")
-        ] + [e for e in self._ended if e[1]]
-        for job in model.elastic.jobs.values():
-            self._opened.extend(job.events)
 
     def _deleted_row(self, state: WorkloadState, at: float, ours: dict[str, Any]) -> Row:
         workload = state.workload
