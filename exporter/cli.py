@@ -392,7 +392,10 @@ def run_cluster(args: argparse.Namespace) -> int:
         return 2
     from exporter.cluster.leader import Leadership
 
-    leadership = Leadership.from_args(args, client)
+    woken: list[Callable[[], None]] = []  # the controller's wake, once it is built
+    leadership = Leadership.from_args(
+        args, client, on_started_leading=lambda: [wake() for wake in woken]
+    )
     controller, token = None, None
     if args.remediation_config is not None:
         from exporter.cluster.run import RemediationConfigError, build_controller, read_token
@@ -400,6 +403,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         try:
             controller, token = build_controller(args.remediation_config, client)
             controller.leading = lambda: leadership.is_leader
+            woken.append(controller.wake)
             if args.alerts_token_file is not None:
                 token = read_token(args.alerts_token_file)
         except RemediationConfigError as exc:

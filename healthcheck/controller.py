@@ -274,6 +274,10 @@ class RemediationController:
         self._inbox.put(("wake", None, now))
         return self.breaker.as_dict()
 
+    def wake(self) -> None:
+        """Run a round now (leadership was just won: act without waiting for the next tick)."""
+        self._inbox.put(("wake", None, 0.0))
+
     # -- worker --
 
     def start(self) -> RemediationController:
@@ -373,7 +377,12 @@ class RemediationController:
             self._bad_state.pop(name, None)
         known = self._states.get(name)
         if report.state is not None and (
-            known is None or report.state.started_at > known.started_at
+            known is None
+            or report.state.started_at > known.started_at
+            # A standby writes nothing: the Node's annotation is the truth, including the
+            # outcome of the action it already knows (requested -> done, same started_at),
+            # or it would take over holding `requested` and never settle the action.
+            or (not self._was_leading and report.state != known)
         ):
             self._states[name] = report.state  # read back after a restart, or written by a peer
         view = self._views.get(name)
