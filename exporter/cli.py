@@ -393,9 +393,12 @@ def run_cluster(args: argparse.Namespace) -> int:
     from exporter.cluster.leader import Leadership
 
     woken: list[Callable[[], None]] = []  # the controller's wake, once it is built
-    leadership = Leadership.from_args(
-        args, client, on_started_leading=lambda: [wake() for wake in woken]
-    )
+
+    def started_leading() -> None:
+        for wake in woken:
+            wake()
+
+    leadership = Leadership.from_args(args, client, on_started_leading=started_leading)
     controller, token = None, None
     if args.remediation_config is not None:
         from exporter.cluster.run import RemediationConfigError, build_controller, read_token
