@@ -12,6 +12,7 @@ import json
 import shutil
 import sqlite3
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -363,3 +364,45 @@ def test_bad_history_settings_refuse_to_start_with_a_clear_error(
     rc = main(["cluster", "--simulate", "--database-url", "postgresql://u:hunter2@/nodb"])
     err = capsys.readouterr().err
     assert rc == 2 and "history store" in err and "hunter2" not in err
+
+
+def test_a_scale_event_is_written_as_its_phases_fill_in_and_then_let_go(tmp_path: Path) -> None:
+    from tests.test_elastic import T0, cluster, increment, running_base, scale_up
+
+    path = tmp_path / "history.db"
+    feed = open_history(f"sqlite:///{path}", "cluster-a")
+    model = cluster()
+    feed.attach(model)
+    lock = threading.Lock()
+    feed.writer.start()
+    try:
+        running_base(model)
+        model.apply("Workload", "ADDED", increment("llama-up1", 1, T0 + 100), T0 + 100)
+        feed.pump(lock)
+        assert feed.writer.flush(10.0)
+
+        def stored() -> list[dict[str, Any]]:
+            with sqlite3.connect(path) as conn:
+                found = conn.execute("SELECT key, document FROM scale_events").fetchall()
+            return [{"key": key, **json.loads(document)} for key, document in found]
+
+        [opened] = stored()
+        assert (opened["direction"], opened["done"]) == ("up", False)
+        scale_up(model)  # admitted, scheduled, ready, restarted: done
+        feed.pump(lock)
+        assert feed.writer.flush(10.0)
+        [done] = stored()
+        assert done["key"] == opened["key"]  # the same row, rewritten
+        assert done["done"] is True and done["cause"] == "capacity_freed"
+        assert set(done["phases"]) >= {"requested", "admitted", "ready", "restarted"}
+        assert done["job"] == {
+            "namespace": opened["job"]["namespace"],
+            "kind": "HyperPodPyTorchJob",
+            "name": "llama",
+        }
+        written = sum(feed.writer.written.values())
+        feed.pump(lock)  # settled: no longer followed
+        assert feed.writer.flush(10.0) and sum(feed.writer.written.values()) == written
+    finally:
+        feed.writer.stop()
+        feed.store.close()
