@@ -68,6 +68,11 @@ class HistoryStore(Protocol):
 
 
 class HistoryFeed:
+    """The model's and the audit's changes, marked on the event path, written by `pump`.
+
+    `leading` says whether this replica may write (the service sets it from its Leadership);
+    `families` adds retention's counters and the ephemeral flag to the writer's metrics."""
+
     def __init__(
         self,
         store: HistoryStore,
