@@ -31,6 +31,7 @@ from exporter.history.sqlstore import (
     StoreUrlError,
     open_store,
     page_sql,
+    victims_sql,
 )
 from tests.postgres_harness import PostgresServer, free_port
 
@@ -281,6 +282,13 @@ def test_queries_walk_an_index(store: SqlStore, url: str) -> None:
         assert "TEMP B-TREE FOR ORDER BY" not in plan or len(indexes) > 1, plan
         for index in indexes:
             assert index in plan, f"{query}: {plan}"
+    # A write's lookup of its victims, to merge copies of one preemption (migration 2's index).
+    names = ("job-7", "job-70", "job-700")
+    if url.startswith("sqlite"):
+        plan = "\n".join(r[3] for r in peek(url, f"EXPLAIN QUERY PLAN {victims_sql(3)}", names))
+    else:
+        plan = "\n".join(r[0] for r in peek(url, f"EXPLAIN {victims_sql(3)}", names))
+    assert "preemptions_victim" in plan and "Seq Scan" not in plan, plan
 
 
 @pytest.mark.parametrize(

@@ -365,13 +365,9 @@ class SqlStore:
         a batch costs a handful of indexed reads, not one per row."""
         names = sorted({r.victim_name for r in rows})
         known: dict[tuple[str, str], list[list[Any]]] = {}  # victim -> [[id | None, row]]
-        select = f"SELECT id, {', '.join(_PREEMPTION_COLUMNS)} FROM preemptions"
         for start in range(0, len(names), _VICTIMS_PER_QUERY):
             chunk = names[start : start + _VICTIMS_PER_QUERY]
-            cur.execute(
-                self._param(f"{select} WHERE victim_name IN ({', '.join('?' for _ in chunk)})"),
-                chunk,
-            )
+            cur.execute(self._param(victims_sql(len(chunk))), chunk)
             for found in cur.fetchall():
                 stored = _preemption_from(found[1:])
                 victim = (stored.victim_namespace, stored.victim_name)
@@ -449,6 +445,13 @@ class SqlStore:
             with contextlib.suppress(*self._backend.errors()):
                 self._conn.close()
             self._conn = None
+
+
+def victims_sql(names: int) -> str:
+    """The stored preemptions of `names` victim names (qmark placeholders), for merging."""
+    placeholders = ", ".join("?" for _ in range(names))
+    columns = ", ".join(_PREEMPTION_COLUMNS)
+    return f"SELECT id, {columns} FROM preemptions WHERE victim_name IN ({placeholders})"
 
 
 def page_sql(q: PreemptionQuery | AuditQuery) -> tuple[str, list[Any]]:
