@@ -41,7 +41,7 @@ from exporter.history.sqlstore import StoreUnavailable
 from exporter.sources.ec2_events import ScheduledEvent
 
 if TYPE_CHECKING:
-    from exporter.cluster.history_feed import HistoryFeed
+    from exporter.cluster.history_feed import HistoryFeed, HistoryStore
     from exporter.cluster.leader import Leadership
     from healthcheck.controller import RemediationController
 
@@ -233,28 +233,35 @@ class ClusterService:
     # the whole history: the store when there is one, else (or while it is away) the model
     def preemption_page(self, q: PreemptionQuery) -> tuple[Page, str, str | None]:
         """(page, "history" | "live", why the store did not answer)."""
-        note = None
-        if self.history is not None and not (q.cursor or "").startswith(LIVE_CURSOR):
-            try:
-                return self.history.store.preemptions(q), "history", None
-            except StoreUnavailable as exc:
-                if q.cursor:
-                    raise  # a store's cursor cannot page the live model
-                note = str(exc)
-        with self.lock:
-            return live_preemption_page(self.model.ledger, q), "live", note
+
+        def live() -> Page:
+            with self.lock:
+                return live_preemption_page(self.model.ledger, q)
+
+        return self._history_or_live(q.cursor, lambda store: store.preemptions(q), live)
 
     def audit_page(self, q: AuditQuery) -> tuple[Page, str, str | None]:
+        def live() -> Page:
+            trail = self.controller.auditor.numbered() if self.controller is not None else []
+            return live_audit_page(trail, q)
+
+        return self._history_or_live(q.cursor, lambda store: store.audit(q), live)
+
+    def _history_or_live(
+        self,
+        cursor: str | None,
+        from_store: Callable[[HistoryStore], Page],
+        live: Callable[[], Page],
+    ) -> tuple[Page, str, str | None]:
         note = None
-        if self.history is not None and not (q.cursor or "").startswith(LIVE_CURSOR):
+        if self.history is not None and not (cursor or "").startswith(LIVE_CURSOR):
             try:
-                return self.history.store.audit(q), "history", None
+                return from_store(self.history.store), "history", None
             except StoreUnavailable as exc:
-                if q.cursor:
-                    raise
+                if cursor:
+                    raise  # a store's cursor cannot page the live model
                 note = str(exc)
-        trail = self.controller.auditor.numbered() if self.controller is not None else []
-        return live_audit_page(trail, q), "live", note
+        return live(), "live", note
 
     def ended_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The stored view of a finished or deleted workload (None: none, or no store);
