@@ -25,7 +25,7 @@ import random
 import uuid
 
 from exporter.sim import hyperpod_layout as layout
-from exporter.sim.elastic import ElasticOperator
+from exporter.sim.elastic import ElasticOperator, HyperPodSpec
 from exporter.sim.hyperpod_layout import ClusterShape, SimNode, default_shape
 from exporter.sim.job_arrivals import JobArrivals, JobRequest
 from exporter.sim.kueue import objects as ko
@@ -229,16 +229,18 @@ class SimulatedCluster:
         self.bootstrap()
         self._clock = self._now if now is None else now
         return self._elastic.submit_hyperpod(
-            team,
-            name,
-            min_replicas,
-            max_replicas,
-            step,
-            discrete,
-            priority_class,
-            runtime_s,
-            scaling_timeout_s,
-            snooze_s,
+            HyperPodSpec(
+                team,
+                name,
+                min_replicas,
+                max_replicas,
+                step,
+                discrete,
+                priority_class,
+                runtime_s,
+                scaling_timeout_s,
+                snooze_s,
+            )
         )
 
     def submit_elastic_batch(

@@ -94,6 +94,22 @@ RESIZE_EVERY_S = (300.0, 600.0)  # Kueue-native elastic Job: the user resizes it
 MAX_SLICE_PODS = 6
 
 
+@dataclass(frozen=True, slots=True)
+class HyperPodSpec:
+    """What a HyperPodPyTorchJob is submitted as: its replicas' bounds and scaling policy."""
+
+    team: str
+    name: str
+    min_replicas: int
+    max_replicas: int
+    step: int | None = 1  # replicaIncrementStep; unused with `discrete` (exclusive, §1.2)
+    discrete: tuple[int, ...] | None = None  # replicaDiscreteValues
+    priority_class: str = "training-priority"
+    runtime: float = 3600.0
+    scaling_timeout: float = 120.0
+    snooze: float = 60.0
+
+
 @dataclass(slots=True)
 class HyperPodJob:
     team: str
@@ -232,7 +248,7 @@ class ElasticOperator:
             discrete = (2, 4, 6) if i % 2 else None
             runtime = self._c._rng.uniform(3600.0, 7200.0)
             name = f"{team}-elastic-{self._c._job_seq:04d}"
-            self._hyperpod(team, name, 2, 6, 1, discrete, "training-priority", runtime, 120.0, 60.0)
+            self._hyperpod(HyperPodSpec(team, name, 2, 6, 1, discrete, runtime=runtime))
         for i in range(shape.elastic_batch_jobs):
             team = teams[(shape.elastic_hyperpod_jobs + i) % len(teams)]
             self._c._job_seq += 1
@@ -249,7 +265,9 @@ class ElasticOperator:
         if t.elastic == "hyperpod":
             discrete = (2, 4, 6) if self._c._rng.random() < 0.3 else None
             self._hyperpod(
-                job.team, name, job.pods, 6, 1, discrete, t.priority_class, job.runtime, 120.0, 60.0
+                HyperPodSpec(
+                    job.team, name, job.pods, 6, 1, discrete, t.priority_class, job.runtime
+                )
             )
             base = self._jobs[f"{layout.namespace(job.team)}/{name}"].workloads[0]
             self._c._workloads[base].scripted = False  # abandoned if never admitted
@@ -260,41 +278,17 @@ class ElasticOperator:
             )
             self._c._workloads[key].scripted = False
 
-    def submit_hyperpod(
-        self,
-        team: str,
-        name: str,
-        min_replicas: int,
-        max_replicas: int,
-        step: int | None,
-        discrete: tuple[int, ...] | None,
-        priority_class: str,
-        runtime: float,
-        scaling_timeout: float,
-        snooze: float,
-    ) -> str:
-        self._check(team, name, priority_class)
-        if not 1 <= min_replicas <= max_replicas:
+    def submit_hyperpod(self, spec: HyperPodSpec) -> str:
+        self._check(spec.team, spec.name, spec.priority_class)
+        if not 1 <= spec.min_replicas <= spec.max_replicas:
             raise ValueError("an elastic job needs 1 <= minReplicas <= maxReplicas")
+        discrete = spec.discrete
         if discrete is not None:  # exclusive with replicaIncrementStep (§1.2)
-            step = None
-            if list(discrete) != sorted(set(discrete)) or discrete[0] != min_replicas:
+            if list(discrete) != sorted(set(discrete)) or discrete[0] != spec.min_replicas:
                 raise ValueError("replicaDiscreteValues must rise from minReplicas")
-        elif step is None or step < 1:
+        elif spec.step is None or spec.step < 1:
             raise ValueError("replicaIncrementStep must be at least 1")
-        base = self._hyperpod(
-            team,
-            name,
-            min_replicas,
-            max_replicas,
-            step,
-            discrete,
-            priority_class,
-            runtime,
-            scaling_timeout,
-            snooze,
-        )
-        return base.split("/", 1)[1]
+        return self._hyperpod(spec).split("/", 1)[1]
 
     def submit_slice(
         self,
@@ -329,39 +323,27 @@ class ElasticOperator:
         ):
             raise ValueError(f"a job named {name!r} already exists in {layout.namespace(team)}")
 
-    def _hyperpod(
-        self,
-        team: str,
-        name: str,
-        min_replicas: int,
-        max_replicas: int,
-        step: int | None,
-        discrete: tuple[int, ...] | None,
-        priority_class: str,
-        runtime: float,
-        scaling_timeout: float,
-        snooze: float,
-    ) -> str:
+    def _hyperpod(self, spec: HyperPodSpec) -> str:
         now = self._c._clock
         job = HyperPodJob(
-            team=team,
-            namespace=layout.namespace(team),
-            name=name,
+            team=spec.team,
+            namespace=layout.namespace(spec.team),
+            name=spec.name,
             uid=self._c._uid(),
             created=now,
-            priority_class=priority_class,
-            min_replicas=min_replicas,
-            max_replicas=max_replicas,
-            step=None if discrete is not None else step,
-            discrete=discrete,
-            runtime=runtime,
-            scaling_timeout=scaling_timeout,
-            snooze=snooze,
+            priority_class=spec.priority_class,
+            min_replicas=spec.min_replicas,
+            max_replicas=spec.max_replicas,
+            step=None if spec.discrete is not None else spec.step,
+            discrete=spec.discrete,
+            runtime=spec.runtime,
+            scaling_timeout=spec.scaling_timeout,
+            snooze=spec.snooze,
         )
         _set(job.conditions, "Created", "True", "JobCreated", "HyperPodPyTorchJob created", now)
         self._jobs[job.key] = job
         self._write_job(job)
-        base = self._workload(job, min_replicas, priority_class, runtime)
+        base = self._workload(job, spec.min_replicas, spec.priority_class, spec.runtime)
         return base.key
 
     def _workload(
