@@ -104,18 +104,13 @@ def traffic(
         for v in victims:
             u = rng.choice(pending)
             umeta, vmeta = u["metadata"], v["metadata"]
-            text = s.preemption_message_v015(
-                umeta["uid"],
-                umeta["labels"]["kueue.x-k8s.io/job-uid"],
+            text = s.preemption_message_by(
+                u,
                 f"/{umeta['namespace']}-clusterqueue",
                 f"/{vmeta['namespace']}-clusterqueue",
                 "reclamation within the cohort",
             )
-            evicted = [
-                *_conditions(v),
-                s.condition("Evicted", "True", "Preempted", text, t),
-                s.condition("Preempted", "True", "InCohortReclamation", text, t),
-            ]
+            evicted = [*_conditions(v), *s.preempted_conditions(text, "InCohortReclamation", t)]
             notice = s.preemption_event(vmeta["namespace"], vmeta["name"], text, t)
             events += [("Workload", "MODIFIED", updated(v, evicted)), ("Event", "ADDED", notice)]
         for w in finishers:

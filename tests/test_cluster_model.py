@@ -188,8 +188,7 @@ def preempt(
         **victim.get("status", {}),
         "conditions": [
             *victim["status"]["conditions"],
-            s.condition("Evicted", "True", "Preempted", text, at),
-            s.condition("Preempted", "True", reason, text, at),
+            *s.preempted_conditions(text, reason, at),
         ],
     }
     model.apply("Workload", "MODIFIED", kueue(updated), at)

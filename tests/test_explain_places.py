@@ -208,18 +208,7 @@ def preemptor(name: str, at: float) -> dict[str, Any]:
 
 
 def message(by: dict[str, Any], cause: str) -> str:
-    meta = by["metadata"]
-    return s.preemption_message_v015(
-        meta["uid"], meta["labels"]["kueue.x-k8s.io/job-uid"], f"/{CQ}", f"/{CQ}", cause
-    )
-
-
-def evicted(text: str, reason: str, at: float) -> list[dict[str, Any]]:
-    """What Kueue's scheduler sets on the victim (preemption.go): Evicted and Preempted."""
-    return [
-        s.condition("Evicted", "True", "Preempted", text, at),
-        s.condition("Preempted", "True", reason, text, at),
-    ]
+    return s.preemption_message_by(by, f"/{CQ}", f"/{CQ}", cause)
 
 
 def requeued(text: str, at: float) -> list[dict[str, Any]]:
@@ -264,9 +253,9 @@ def test_one_preemption_is_one_step_with_its_message_once(order: str) -> None:
     model.apply("Workload", "ADDED", urgent, T0 + 5)
     text = message(urgent, "prioritization in the ClusterQueue")
     event = s.preemption_event(NS, "victim", text + s_priority_note(1000, 10), T0 + 10)
-    eviction = [*admitted, *evicted(text, "InClusterQueue", T0 + 10)]
+    eviction = [*admitted, *s.preempted_conditions(text, "InClusterQueue", T0 + 10)]
     # The pods take 40 s to stop; only then is the admission cleared.
-    after = [*evicted(text, "InClusterQueue", T0 + 10), *requeued(text, T0 + 50)]
+    after = [*s.preempted_conditions(text, "InClusterQueue", T0 + 10), *requeued(text, T0 + 50)]
     steps: list[tuple[str, dict[str, Any], float]] = [
         ("Workload", victim(2, eviction, admitted=True), T0 + 10),
         ("Workload", victim(3, after, admitted=False), T0 + 50),
@@ -328,10 +317,10 @@ def test_two_preemptions_are_two_steps() -> None:
         text = message(by, cause)
         texts.append(text)
         current = [c for c in last if c["type"] not in ("Evicted", "Preempted")]
-        hit = victim(3 * n + 2, [*current, *evicted(text, reason, t)], admitted=True)
+        hit = victim(3 * n + 2, [*current, *s.preempted_conditions(text, reason, t)], admitted=True)
         model.apply("Workload", "MODIFIED", hit, t)
         model.apply("Event", "ADDED", s.preemption_event(NS, "victim", text, t + 1), t + 1)
-        gone = [*evicted(text, reason, t), *requeued(text, t + 20)]
+        gone = [*s.preempted_conditions(text, reason, t), *requeued(text, t + 20)]
         if n == 1:  # Requeued is still True from the first requeue: no new transition
             gone = [c for c in gone if c["type"] != "Requeued"]
             gone += [c for c in last if c["type"] == "Requeued"]
@@ -357,7 +346,7 @@ def test_dump_shows_one_step_and_keeps_a_later_pending_with_its_own_message(
 ) -> None:
     urgent = preemptor("urgent", T0 + 5)
     text = message(urgent, "prioritization in the ClusterQueue")
-    after = [*evicted(text, "InClusterQueue", T0 + 10), *requeued(text, T0 + 12)]
+    after = [*s.preempted_conditions(text, "InClusterQueue", T0 + 10), *requeued(text, T0 + 12)]
     event = s.preemption_event(NS, "victim", text + s_priority_note(1000, 10), T0 + 10)
     base = [*cluster(), urgent, event]
     out = explain(capsys, dump(tmp_path, [*base, victim(3, after, admitted=False)]), "victim")

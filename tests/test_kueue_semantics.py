@@ -284,11 +284,7 @@ def _workload(
 
 def _evicted(admitted: Sequence[Obj], text: str, reason: str, at: float) -> list[Obj]:
     """Kueue's scheduler marks the victim: Evicted (Preempted) and Preempted (the reason)."""
-    return [
-        *admitted,
-        s.condition("Evicted", "True", "Preempted", text, at),
-        s.condition("Preempted", "True", reason, text, at),
-    ]
+    return [*admitted, *s.preempted_conditions(text, reason, at)]
 
 
 def _requeued(text: str, reason: str, at: float, evicted_at: float) -> list[Obj]:

@@ -111,13 +111,8 @@ class Preemption:
 
 
 def preempt(victim_obj: dict[str, Any], preemptor: dict[str, Any], at: float) -> Preemption:
-    meta = preemptor["metadata"]
-    text = s.preemption_message_v015(
-        meta["uid"],
-        meta["labels"]["kueue.x-k8s.io/job-uid"],
-        f"/{CQ}",
-        f"/{CQ}",
-        "prioritization in the ClusterQueue",
+    text = s.preemption_message_by(
+        preemptor, f"/{CQ}", f"/{CQ}", "prioritization in the ClusterQueue"
     )
     updated = dict(victim_obj)
     updated["metadata"] = {**victim_obj["metadata"], "resourceVersion": f"{at:.0f}"}
@@ -125,8 +120,7 @@ def preempt(victim_obj: dict[str, Any], preemptor: dict[str, Any], at: float) ->
         **victim_obj["status"],
         "conditions": [
             *victim_obj["status"]["conditions"],
-            s.condition("Evicted", "True", "Preempted", text, at),
-            s.condition("Preempted", "True", "InClusterQueue", text, at),
+            *s.preempted_conditions(text, "InClusterQueue", at),
         ],
     }
     return Preemption(

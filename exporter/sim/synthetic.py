@@ -381,6 +381,25 @@ def preemption_message_v015(
     )
 
 
+def preemption_message_by(
+    preemptor: dict[str, Any], preemptor_path: str, preemptee_path: str, cause: str
+) -> str:
+    """v0.15's message naming the Workload `preemptor` (its UID and job-uid label)."""
+    meta = preemptor["metadata"]
+    job_uid = meta["labels"]["kueue.x-k8s.io/job-uid"]
+    return preemption_message_v015(meta["uid"], job_uid, preemptor_path, preemptee_path, cause)
+
+
+def preempted_conditions(message: str, reason: str, at: float) -> list[dict[str, Any]]:
+    """What Kueue's scheduler sets on a victim (pkg/scheduler/preemption/preemption.go):
+    Evicted with reason Preempted, and Preempted with the preemption's reason
+    (InClusterQueue, InCohortReclamation, ...), both carrying the message."""
+    return [
+        condition("Evicted", "True", "Preempted", message, at),
+        condition("Preempted", "True", reason, message, at),
+    ]
+
+
 # --- a synthetic large cluster ---------------------------------------------------------------
 
 
