@@ -123,8 +123,8 @@ class HistoryFeed:
 
     # -- the timer --
 
-    def pump(self, lock: threading.Lock) -> int:
-        """Write what changed since the last pump (the leader only); the rows submitted."""
+    def pump(self, lock: threading.Lock) -> None:
+        """Write what changed since the last pump (the leader only)."""
         with self._pump_lock:
             leading = self.leading()
             with lock:
@@ -134,7 +134,6 @@ class HistoryFeed:
                 self.writer.submit(row)
             if leading:
                 self._maybe_prune()
-            return len(rows)
 
     def _collect(
         self, leading: bool

@@ -40,23 +40,11 @@ class LazyStore:
         self.clock = clock
         self.last_error = ""
 
-    @property
-    def ready(self) -> bool:
-        """The schema is migrated: the store has been reached at least once."""
-        return self._ready
-
     def open(self) -> None:
         """Migrate now, at start-up: StoreUnavailable when the database cannot be reached,
         SchemaTooNew (as itself, so the caller can refuse to start) when it is too new."""
         with self._lock:
-            if not self._ready:
-                try:
-                    self._store.migrate()
-                except StoreUnavailable as exc:
-                    self._failed_at = self.clock()
-                    self.last_error = str(exc)
-                    raise
-                self._ready = True
+            self._migrate()
 
     def write(self, batch: Sequence[Row]) -> None:
         self._ensure(force=True)  # the writer has its own backoff
@@ -82,19 +70,29 @@ class LazyStore:
         self._store.close()
 
     def _ensure(self, force: bool = False) -> None:
+        """Migrated, or StoreUnavailable; within `retry_s` of a failure only `force` tries."""
         if self._ready:
             return
         with self._lock:
             if self._ready:
                 return
-            now = self.clock()
-            if not force and self._failed_at is not None and now - self._failed_at < self.retry_s:
+            recent = self._failed_at is not None and self.clock() - self._failed_at < self.retry_s
+            if recent and not force:
                 raise StoreUnavailable(self.last_error)
             try:
-                self._store.migrate()
-            except (StoreUnavailable, SchemaTooNew) as exc:
-                self._failed_at = now
-                self.last_error = str(exc)
+                self._migrate()
+            except SchemaTooNew as exc:
                 raise StoreUnavailable(self.last_error) from exc
-            self._ready = True
-            self._failed_at = None
+
+    def _migrate(self) -> None:
+        """Under the lock: migrate once, remembering when and why it last failed."""
+        if self._ready:
+            return
+        try:
+            self._store.migrate()
+        except (StoreUnavailable, SchemaTooNew) as exc:
+            self._failed_at = self.clock()
+            self.last_error = str(exc)
+            raise
+        self._ready = True
+        self._failed_at = None
