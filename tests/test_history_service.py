@@ -27,6 +27,7 @@ from exporter.cluster.history_feed import HistoryFeed, HistoryStartError, open_h
 from exporter.cluster.history_rows import live_audit_page
 from exporter.cluster.run import explain_live
 from exporter.cluster.service import ClusterService
+from exporter.cluster.views import iso
 from exporter.history.migrations import LATEST
 from exporter.history.records import AuditQuery
 from exporter.sim import synthetic as s
@@ -406,3 +407,39 @@ def test_a_scale_event_is_written_as_its_phases_fill_in_and_then_let_go(tmp_path
     finally:
         feed.writer.stop()
         feed.store.close()
+
+
+def test_deleting_a_workload_finished_before_a_restart_keeps_the_richer_stored_view(
+    url: str,
+) -> None:
+    now = [S]
+    first = Replica(url, "cluster-a", now)
+    try:
+        start_up(first.service.model, [], [])
+        now[0] = S + 120
+        first.service.apply("Workload", "ADDED", victim("done", S - 480))
+        first.service.apply("Workload", "MODIFIED", finished("done", S + 120))
+        first.pump()
+        watched = first.get(f"/api/v1/workloads/{NS}/done")[2]
+    finally:
+        first.stop()
+
+    # After a restart the finished workload is in the first list (not written again: the
+    # timeline rebuilt from its conditions is poorer), then someone deletes it.
+    now[0] = S + DAY
+    second = Replica(url, "cluster-b", now)
+    try:
+        done = finished("done", S + 120)
+        start_up(second.service.model, [done], [])
+        second.pump()
+        assert second.feed.writer.written["WorkloadRow"] == 0
+        second.service.apply("Workload", "DELETED", done)
+        second.pump()
+        status, headers, ended = second.get(f"/api/v1/workloads/{NS}/done")
+        assert status == 200 and headers["X-Topowatch-Source"] == "history"
+        # the first process's view (its timeline), noted deleted, not the restart's rebuild
+        assert ended["timeline"] == watched["timeline"]
+        assert ended["history"]["deleted"] is True and ended["history"]["deleted_at"]
+        assert ended["history"]["ended_at"] == iso(S + 120)  # when the first process saw it end
+    finally:
+        second.stop()

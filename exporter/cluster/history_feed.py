@@ -25,6 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from exporter.cluster.elastic.scaling import ScaleEvent
@@ -129,15 +130,13 @@ class HistoryFeed:
             leading = self.leading()
             with lock:
                 rows, deleted = self._collect(leading)
-            rows += [self._deleted_row(*item) for item in deleted]
+            rows += [self._deleted_row(row) for row in deleted]
             for row in rows:
                 self.writer.submit(row)
             if leading:
                 self._maybe_prune()
 
-    def _collect(
-        self, leading: bool
-    ) -> tuple[list[Row], list[tuple[WorkloadState, float, dict[str, Any]]]]:
+    def _collect(self, leading: bool) -> tuple[list[Row], list[WorkloadRow]]:
         model = self._model
         if model is None:
             return [], []
@@ -151,15 +150,14 @@ class HistoryFeed:
             record = model.ledger.get(rid)
             if record is not None:
                 rows.append(preemption_row(record, f"{self.writer_id}/{rid}"))
-        deleted: list[tuple[WorkloadState, float, dict[str, Any]]] = []
+        deleted: list[WorkloadRow] = []
         for _ in range(min(len(self._ended), MAX_VIEWS_PER_PUMP)):
             state, is_deleted, at = self._ended.popleft()
             uid = state.workload.uid
             if is_deleted and uid not in self._seen_finish:
                 # Not seen finishing here (it finished before this process watched, or never
                 # did): a stored view, richer than ours, only gets the deletion noted.
-                row = workload_row(model, state, at, True)
-                deleted.append((state, at, row.document))
+                deleted.append(workload_row(model, state, at, True))
                 continue
             rows.append(workload_row(model, state, at, is_deleted))
             if not is_deleted:
@@ -172,23 +170,17 @@ class HistoryFeed:
         self._open = deque((e for e in self._open if not (e.done and e.cause)), MAX_OPEN_EVENTS)
         return rows, deleted
 
-    def _deleted_row(self, state: WorkloadState, at: float, ours: dict[str, Any]) -> Row:
-        workload = state.workload
-        document = ours
+    def _deleted_row(self, ours: WorkloadRow) -> Row:
         try:
-            stored = self.store.workload(workload.namespace, workload.name)
+            stored = self.store.workload(ours.namespace, ours.name)
         except StoreUnavailable:
             stored = None  # ours, then: the writer queues it until the store is back
-        if stored is not None and stored.get("uid") == workload.uid:
-            document = marked_deleted(stored, at)
-        return WorkloadRow(
-            uid=workload.uid or f"{workload.namespace}/{workload.name}",
-            namespace=workload.namespace,
-            name=workload.name,
-            cluster_queue=str(document.get("cluster_queue") or ""),
-            finished_at=at,
-            deleted=True,
-            document=document,
+        if stored is None or stored.get("uid") != ours.document.get("uid"):
+            return ours
+        return replace(
+            ours,
+            cluster_queue=str(stored.get("cluster_queue") or ""),
+            document=marked_deleted(stored, ours.finished_at),
         )
 
     def _maybe_prune(self) -> None:
