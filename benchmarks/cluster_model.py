@@ -24,11 +24,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exporter.cluster import metrics
 from exporter.cluster.explain import explain_text
+from exporter.cluster.metrics import render as metrics
 from exporter.cluster.model import ClusterModel, is_live
-from exporter.cluster.views import workload_view
-from exporter.exposition import encode_text
+from exporter.cluster.views.workloads import workload_view
+from exporter.core.exposition import encode_text
 from exporter.sim.synthetic import SyntheticShape, synthetic_cluster
 from exporter.topology.tree import Placement
 

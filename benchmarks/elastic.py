@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cluster_model as cm  # the cluster benchmark's synthetic cluster and event stream
 
-from exporter.cluster.elastic_views import find_job, job_view
 from exporter.cluster.explain import job_text
 from exporter.cluster.model import ClusterModel
+from exporter.cluster.views.elastic import find_job, job_view
 from exporter.sim import synthetic as s
 from exporter.sim.synthetic import SyntheticShape
 from tests.elastic_recount import recount

@@ -17,7 +17,7 @@ kill, on this machine's wall clock:
 A fresh replica (new identity, as a Deployment would start one) then becomes the next standby.
 client-go's rules bound (a) by lease + up to two jittered retry periods (the standby counts the
 lease from when it *saw* the last renewal, at its own next retry): with client-go's 2 s retry
-"<= lease + 2 s" can be no, so topowatch's default retry is 0.4 s (exporter/cluster/leader_args.py).
+"<= lease + 2 s" can be no, so topowatch's default retry is 0.4 s (exporter/cluster/leader/args.py).
 The defaults are the command line's. Prints figures; never passes or fails. Everything shares
 this machine's cores.
 
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import _procs
 from benchmarks._procs import exit_on_sigterm
-from exporter.cluster.leader_args import LEASE_DURATION_S, RENEW_DEADLINE_S, RETRY_PERIOD_S
+from exporter.cluster.leader.args import LEASE_DURATION_S, RENEW_DEADLINE_S, RETRY_PERIOD_S
 from exporter.sim.cluster import ClusterShape
 from exporter.sim.environment import SimulatedEnvironment
 from tests.test_failover import PENDING_REBOOT, FailoverRig, LeaseWatch, Replica, wait_for

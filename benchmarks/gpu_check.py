@@ -7,7 +7,7 @@
         [--nvlink-status nvlink.txt]                         # compare recorded outputs, no GPU
 
 1. The agent: by default the production `Poller` over the production `NvmlGpuSource` with the real
-   pynvml, wired as `topowatch node --no-kubernetes` wires it (exporter/cli.py real_sources; the
+   pynvml, wired as `topowatch node --no-kubernetes` wires it (exporter/cli/ real_sources; the
    health checks left out), polled twice a second apart as `--once` does; its Prometheus
    exposition is parsed back with prometheus_client's text parser, so names, labels and units
    are checked too. `--cli` runs

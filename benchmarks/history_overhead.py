@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cluster_model import NOW, build, sync
-from exporter.cluster.history_feed import HistoryFeed, open_history
+from exporter.cluster.history.feed import HistoryFeed, open_history
 from exporter.cluster.model import ClusterModel
 from exporter.sim import synthetic as s
 from exporter.sim.synthetic import SyntheticShape

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 
-from exporter.history.records import PreemptionQuery, PreemptionRow
-from exporter.history.sqlstore import SqlStore, open_store
+from exporter.store.records import PreemptionQuery, PreemptionRow
+from exporter.store.sqlstore import SqlStore, open_store
 from tests.postgres_harness import postgres_server
 
 DAY = 86_400.0

@@ -42,11 +42,18 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._procs import child, exit_on_sigterm  # noqa: E402
-from exporter.exposition import COUNTER, INFO, UNTYPED, Exposition, Family, encode_text  # noqa: E402
+from exporter.core.exposition import (  # noqa: E402
+    COUNTER,
+    INFO,
+    UNTYPED,
+    Exposition,
+    Family,
+    encode_text,
+)
 from exporter.node.poller import Poller  # noqa: E402
 from exporter.sim.hardware.node import SimulatedNode  # noqa: E402
 from exporter.sim.hardware.profiles import get_profile  # noqa: E402
-from healthcheck.monitor import HealthMonitor  # noqa: E402
+from healthcheck.detection.monitor import HealthMonitor  # noqa: E402
 
 PROFILE = "p5.48xlarge"
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
@@ -181,8 +188,8 @@ def log_lines(n: int, tag: str) -> list[str]:
 
 
 def bench_kernel_log(rate: int = 1000, seconds: int = 15) -> None:
-    from exporter.node.kernel_events import KernelLogLedger
-    from exporter.node.kernel_log import record_may_match
+    from exporter.node.kernel.events import KernelLogLedger
+    from exporter.node.kernel.patterns import record_may_match
     from exporter.sim.hardware.kmsg import SimKernelLog
     from exporter.sources.kmsg import KmsgSource
 

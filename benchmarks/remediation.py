@@ -33,12 +33,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from healthcheck.actions.base import ActionRequest, ActionResult
-from healthcheck.audit import Auditor, AuditRecord
-from healthcheck.controller import RemediationController
-from healthcheck.findings import FINDINGS_ANNOTATION
-from healthcheck.policy import Decision, PolicyConfig
-from healthcheck.provenance import agent_entry
+from exporter.core.findings import FINDINGS_ANNOTATION
+from exporter.core.provenance import agent_entry
+from healthcheck.remediation.audit import Auditor, AuditRecord
+from healthcheck.remediation.controller import RemediationController
+from healthcheck.remediation.policy import Decision, PolicyConfig
+from healthcheck.remediation.providers.base import ActionRequest, ActionResult
 
 
 class RecordingProvider:

@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._procs import exit_on_sigterm
 from exporter.cluster.run import controller_from_mapping, kube_api_client, serve_cluster
+from exporter.core.snapshot import NodeSnapshot
 from exporter.sim.cluster import ClusterShape
 from exporter.sim.environment import NodeAgentFleet, SimulatedEnvironment
 from exporter.sim.faults import parse_fault
-from exporter.snapshot import NodeSnapshot
-from healthcheck.actions.hyperpod import HyperPodLabeler
-from healthcheck.monitor import HealthMonitor
+from healthcheck.detection.monitor import HealthMonitor
+from healthcheck.remediation.providers.hyperpod import HyperPodLabeler
 
 detected: dict[str, float] = {}
 called: dict[str, float] = {}

@@ -54,10 +54,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aiohttp import web
 
 from benchmarks._procs import exit_on_sigterm
-from healthcheck.slurm.poller import AgentReading
-from healthcheck.slurm.reports import Facts
-from healthcheck.slurm.service import SlurmControllerService, build_service
-from healthcheck.slurm.settings import settings_from_mapping
+from exporter.slurm.poller import AgentReading
+from exporter.slurm.reports import Facts
+from exporter.slurm.service import SlurmControllerService, build_service
+from exporter.slurm.settings import settings_from_mapping
 from tests.slurm_agents import TOKEN, finding
 from tests.slurm_harness import binary, running_slurmctld
 

@@ -1,4 +1,4 @@
-"""Regenerate exporter/data/xid-catalog.csv from the shared reference catalog.
+"""Regenerate exporter/core/data/xid-catalog.csv from the shared reference catalog.
 
 Keeps what the agent needs as label values: the XID, a short name (the first symbolic name,
 without the parenthesised description), FATAL/NONFATAL, and the action bucket (the first word

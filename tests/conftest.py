@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from exporter.cluster.service import ClusterService, build_app, run_app
+from exporter.core.snapshot import NodeSnapshot
 from exporter.node.poller import Poller
 from exporter.sim.faults import parse_faults
 from exporter.sim.hardware.node import SimulatedNode
 from exporter.sim.hardware.profiles import get_profile
-from exporter.snapshot import NodeSnapshot
 from tests.postgres_harness import PostgresMissing, PostgresServer, postgres_server
 
 # The shared reference data sits beside the checkout (../shared), in CI as in development.

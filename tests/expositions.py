@@ -21,18 +21,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.cluster.service import ClusterService
-from exporter.exposition import Exposition
+from exporter.core.exposition import Exposition
+from exporter.core.findings import FINDINGS_ANNOTATION, Finding, findings_to_json
+from exporter.core.provenance import agent_entry
 from exporter.node.poller import Poller
 from exporter.sim.cluster import SimulatedCluster
 from exporter.sim.faults import parse_faults
 from exporter.sim.hardware.node import SimulatedNode
 from exporter.sim.hardware.profiles import get_profile
 from exporter.sim.kubeapi.server import ObjectStore
-from healthcheck.controller import RemediationController
-from healthcheck.findings import FINDINGS_ANNOTATION, Finding, findings_to_json
-from healthcheck.monitor import HealthMonitor
-from healthcheck.policy import PolicyConfig
-from healthcheck.provenance import agent_entry
+from healthcheck.detection.monitor import HealthMonitor
+from healthcheck.remediation.controller import RemediationController
+from healthcheck.remediation.policy import PolicyConfig
 
 PROFILES = ("p5.48xlarge", "p6e-gb200.36xlarge")
 START = 1_795_000_000.0  # the simulated cluster's default epoch
@@ -232,8 +232,9 @@ def _xid_finding(now: float) -> Finding:
 
 
 def _remote_errors_finding(now: float) -> Finding:
-    """The node agent's `efa_remote_errors` finding (warning, no action; healthcheck/checks/efa.py)
-    on a node whose peers stopped answering for the last five minutes."""
+    """The node agent's `efa_remote_errors` finding (warning, no action;
+    healthcheck/detection/checks/efa.py) on a node whose peers stopped answering for the last five
+    minutes."""
     return Finding(
         "efa_remote_errors",
         "rdmap16s27:1",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
-from healthcheck.findings import Finding
+from exporter.core.findings import Finding
 
 TOKEN = "s3cret-agent-token"
 

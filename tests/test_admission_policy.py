@@ -28,12 +28,12 @@ from celpy import celtypes
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
+from exporter.core.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, Finding
+from exporter.core.provenance import AGENT_FIELD_MANAGER
 from exporter.sim.kubeapi import managedfields
 from exporter.sim.kubeapi.patch import merge_patch
-from healthcheck.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, Finding
-from healthcheck.monitor import HealthReport
-from healthcheck.provenance import AGENT_FIELD_MANAGER
-from healthcheck.reporter import NodeReporter
+from healthcheck.detection.monitor import HealthReport
+from healthcheck.detection.reporter import NodeReporter
 from tests.test_chart import CHART, KUBE_VERSION, NAMESPACE, Manifest, objects, render, rendered
 
 AGENT = f"system:serviceaccount:{NAMESPACE}:topowatch-node-agent"

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from exporter.core.snapshot import EfaDeviceReading, GpuAffinity, NumaNodeReading
 from exporter.node.affinity import compute_affinity
 from exporter.sim.faults import Fault
 from exporter.sim.hardware.profiles import HardwareProfile, get_profile, simulated_processes
 from exporter.sim.hardware.sysfs import SimulatedSysfs
-from exporter.snapshot import EfaDeviceReading, GpuAffinity, NumaNodeReading
 from exporter.sources.sysfs import (
     PciLocation,
     read_efa,

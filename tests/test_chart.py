@@ -325,7 +325,7 @@ def test_remediation_may_create_events_whenever_the_controller_runs(
 
 
 def test_the_charts_remediation_config_is_one_the_service_accepts() -> None:
-    from healthcheck.policy import DEFAULT_LADDER, PolicyConfig
+    from healthcheck.remediation.policy import DEFAULT_LADDER, PolicyConfig
 
     for profile in ("observe", "act"):
         config_map = one(rendered(profile), "ConfigMap", "topowatch-cluster-remediation")
@@ -522,7 +522,7 @@ def mounted_file(spec: Manifest, path: str) -> tuple[Manifest, Manifest, str]:
 
 
 def test_the_health_config_reaches_the_agent_as_a_read_only_file_it_accepts() -> None:
-    from healthcheck.config import config_from_mapping
+    from healthcheck.detection.config import config_from_mapping
 
     manifests = rendered("health")
     spec = agent_spec(manifests)
@@ -540,7 +540,7 @@ def test_the_health_config_reaches_the_agent_as_a_read_only_file_it_accepts() ->
 def test_custom_check_scripts_are_mounted_executable_and_read_only_where_the_config_runs_them() -> (
     None
 ):
-    from healthcheck.config import config_from_mapping
+    from healthcheck.detection.config import config_from_mapping
 
     manifests = rendered("health")
     spec = agent_spec(manifests)
@@ -642,7 +642,7 @@ def test_the_schemas_health_config_keys_are_the_agents() -> None:
     """The schema refuses a misspelled key at install; it must know every key the agent does."""
     import dataclasses
 
-    from healthcheck.config import HealthConfig
+    from healthcheck.detection.config import HealthConfig
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     config = schema["properties"]["nodeAgent"]["properties"]["health"]["properties"]["config"]
@@ -1454,7 +1454,7 @@ def test_two_replicas_lint_and_pass_strict_kubernetes_validation() -> None:
 
 
 def test_two_replicas_roll_and_elect_a_leader_on_their_own_lease() -> None:
-    from exporter.cluster.leader import add_arguments
+    from exporter.cluster.leader.election import add_arguments
 
     deployment = cluster_deployment(rendered_ha())
     assert deployment["spec"]["replicas"] == 2

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from exporter.cluster.model import ClusterModel
-from exporter.cluster.views import workload_view
+from exporter.cluster.views.workloads import workload_view
 from exporter.sim import synthetic as s
 from tests.crds import assert_valid_kueue
 

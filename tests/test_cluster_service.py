@@ -23,7 +23,7 @@ from exporter.cluster.run import explain_live, kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService
 from exporter.sim.cluster import ClusterShape, SimulatedCluster
 from exporter.sim.kubeapi.server import Exchange, FakeApiServer, ObjectStore
-from healthcheck.controller import RemediationController
+from healthcheck.remediation.controller import RemediationController
 from tests.conftest import free_port, promtool_lint
 from tests.test_informers import newest_rv_served, served_410
 

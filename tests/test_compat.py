@@ -12,11 +12,11 @@ import csv
 from collections.abc import Callable
 from dataclasses import replace
 
-from exporter.exposition import GAUGE, Exposition
+from exporter.core.exposition import GAUGE, Exposition
+from exporter.core.snapshot import EccCounts, NodeSnapshot
 from exporter.node.compat import dcgm, efa, lines
 from exporter.sim.hardware.nvml import SimulatedNvml
 from exporter.sim.hardware.profiles import get_profile
-from exporter.snapshot import EccCounts, NodeSnapshot
 from exporter.sources.nvml import NvmlGpuSource
 from tests.conftest import SimHarness, reference
 from tests.test_node_agent import one, series

@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import custom_check_runner
-from exporter.snapshot import CUSTOM_OK, CUSTOM_PROBLEM, CUSTOM_UNKNOWN, CustomCheckReading
+from exporter.core.findings import Finding
+from exporter.core.snapshot import (
+    CUSTOM_OK,
+    CUSTOM_PROBLEM,
+    CUSTOM_UNKNOWN,
+    CustomCheckReading,
+)
 from exporter.sources.custom_checks import (
     READ_CAP_BYTES,
     CheckSpec,
@@ -24,11 +30,10 @@ from exporter.sources.custom_checks import (
     npd_message,
     run_check,
 )
-from healthcheck.checks import custom
-from healthcheck.checks.base import History
-from healthcheck.config import ConfigError, HealthConfig, config_from_mapping
-from healthcheck.findings import Finding
-from healthcheck.monitor import HealthMonitor
+from healthcheck.detection.checks import custom
+from healthcheck.detection.checks.base import History
+from healthcheck.detection.config import ConfigError, HealthConfig, config_from_mapping
+from healthcheck.detection.monitor import HealthMonitor
 from tests.conftest import SimHarness, promtool_lint
 from tests.test_node_agent import series
 

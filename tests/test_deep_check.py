@@ -22,13 +22,18 @@ import yaml
 from botocore.stub import Stubber
 
 from exporter.cluster.run import RemediationConfigError, controller_from_mapping, kube_api_client
-from healthcheck.actions.base import ActionRequest
-from healthcheck.actions.sagemaker import SageMakerNodes
-from healthcheck.audit import node_event
-from healthcheck.controller import RemediationController
-from healthcheck.policy import PolicyConfig, parse_ladder
-from healthcheck.state import ANNOTATION as STATE
-from healthcheck.state import LadderMark, RemediationState, dump_state, parse_state
+from healthcheck.remediation.audit import node_event
+from healthcheck.remediation.controller import RemediationController
+from healthcheck.remediation.policy import PolicyConfig, parse_ladder
+from healthcheck.remediation.providers.base import ActionRequest
+from healthcheck.remediation.providers.sagemaker import SageMakerNodes
+from healthcheck.remediation.state import ANNOTATION as STATE
+from healthcheck.remediation.state import (
+    LadderMark,
+    RemediationState,
+    dump_state,
+    parse_state,
+)
 from tests.test_remediation_controller import T0, Clock, DictWriter, Recorder, feed, node, trail
 from tests.test_remediation_lifecycle import H, alert, alerts, records, xid79
 

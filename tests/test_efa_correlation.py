@@ -4,7 +4,7 @@ One node's rising unresponsive/impaired-remote counters stay the node agent's wa
 cluster service raises them when several nodes of one workload report at once, and names the
 node they share (the rule: exporter/cluster/efa_remotes.py's docstring, cited per row). Every
 scenario goes through the model's real inputs: Node, Pod and Workload objects as the informers
-deliver them, the findings annotation as the node agent writes it (healthcheck.findings), and
+deliver them, the findings annotation as the node agent writes it (exporter.core.findings), and
 every Kueue Workload validated against the CRDs.
 """
 
@@ -18,15 +18,16 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cluster import efa_remotes, metrics
+from exporter.cluster import efa_remotes
 from exporter.cluster.explain import explain_text, model_from_objects
+from exporter.cluster.metrics import render as metrics
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.service import ClusterService
-from exporter.cluster.views import iso, workload_view
-from exporter.exposition import encode_text
+from exporter.cluster.views.workloads import iso, workload_view
+from exporter.core.exposition import encode_text
+from exporter.core.findings import FINDINGS_ANNOTATION, Finding, findings_to_json
 from exporter.sim import synthetic as s
-from healthcheck.findings import FINDINGS_ANNOTATION, Finding, findings_to_json
-from healthcheck.reporter import REFRESH_SECONDS
+from healthcheck.detection.reporter import REFRESH_SECONDS
 from tests.conftest import ServedCluster
 from tests.crds import assert_valid_kueue
 
@@ -40,7 +41,7 @@ Annotation = Sequence[Finding] | str | None
 
 
 def remote(since: float = NOW - 5 * MIN, seen: float = NOW, port: str = "rdmap16s27:1") -> Finding:
-    """The node agent's `efa_remote_errors` finding (healthcheck/checks/efa.py)."""
+    """The node agent's `efa_remote_errors` finding (healthcheck/detection/checks/efa.py)."""
     return Finding(
         "efa_remote_errors",
         port,

@@ -15,12 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.exposition import encode_text
-from exporter.node.render import render
-from exporter.sim.faults import EFA_FAULTS, Fault
-from exporter.sim.hardware.profiles import get_profile
-from exporter.sim.hardware.sysfs import SimulatedSysfs
-from exporter.snapshot import (
+from exporter.core.exposition import encode_text
+from exporter.core.findings import Finding
+from exporter.core.snapshot import (
     CollectorStatus,
     EfaDeviceReading,
     EfaNetdevReading,
@@ -30,12 +27,20 @@ from exporter.snapshot import (
     NodeTopology,
     XidTotals,
 )
+from exporter.node.render import render
+from exporter.sim.faults import EFA_FAULTS, Fault
+from exporter.sim.hardware.profiles import get_profile
+from exporter.sim.hardware.sysfs import SimulatedSysfs
 from exporter.sources.sysfs import gid_mac, read_efa
-from healthcheck.checks import efa
-from healthcheck.checks.base import History
-from healthcheck.config import ConfigError, EfaConfig, HealthConfig, config_from_mapping
-from healthcheck.findings import Finding
-from healthcheck.monitor import HealthMonitor, HealthReport
+from healthcheck.detection.checks import efa
+from healthcheck.detection.checks.base import History
+from healthcheck.detection.config import (
+    ConfigError,
+    EfaConfig,
+    HealthConfig,
+    config_from_mapping,
+)
+from healthcheck.detection.monitor import HealthMonitor, HealthReport
 
 T0 = 1_750_000_000.0
 STEP = 10.0

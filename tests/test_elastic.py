@@ -16,11 +16,16 @@ from typing import Any
 import pytest
 
 from exporter.cluster.elastic.idle import Integrator, split
-from exporter.cluster.elastic_views import explained_workload, find_job, idle_view, job_view
 from exporter.cluster.explain import explain_text, job_text, model_from_objects
-from exporter.cluster.metrics import render
+from exporter.cluster.metrics.render import render
 from exporter.cluster.model import ClusterModel
-from exporter.exposition import encode_text
+from exporter.cluster.views.elastic import (
+    explained_workload,
+    find_job,
+    idle_view,
+    job_view,
+)
+from exporter.core.exposition import encode_text
 from exporter.sim import synthetic as s
 from tests.conftest import promtool_lint
 from tests.crds import assert_valid_kueue

@@ -22,7 +22,7 @@ from exporter.cli import main
 from exporter.cluster.explain import explain_text, model_from_objects
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.timeline import TimelineEntry, fold_preemptions
-from exporter.cluster.views import iso, workload_view
+from exporter.cluster.views.workloads import iso, workload_view
 from exporter.sim import synthetic as s
 from exporter.sim.cluster import ClusterShape, SimulatedCluster
 from exporter.sim.kubeapi.server import ObjectStore

@@ -7,7 +7,7 @@ import gzip
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.exposition import (
+from exporter.core.exposition import (
     COUNTER,
     GAUGE,
     HISTOGRAM,

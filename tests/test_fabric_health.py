@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import pytest
 
-from exporter.snapshot import FabricInfo, NodeSnapshot, NvLinkReading
-from healthcheck.checks import History, run_checks
-from healthcheck.checks.fabric import failure
-from healthcheck.config import ConfigError, config_from_mapping
-from healthcheck.monitor import HealthMonitor, HealthReport
+from exporter.core.snapshot import FabricInfo, NodeSnapshot, NvLinkReading
+from healthcheck.detection.checks import History, run_checks
+from healthcheck.detection.checks.fabric import failure
+from healthcheck.detection.config import ConfigError, config_from_mapping
+from healthcheck.detection.monitor import HealthMonitor, HealthReport
 from tests.conftest import SimHarness, healthy_snapshot
 from tests.test_health_checks import with_gpu
 

@@ -11,7 +11,7 @@ The standby must take the Lease over once the old one has run out (never before)
 label the node again, and must follow the reboot the dead leader started to its outcome: when
 HyperPod's agent marks the node Schedulable and the node reports healthy, the new leader writes
 `recovered` to the node's state and shows it on /api/v1/remediation (a standby adopts every
-state the Node's annotation shows, not only a newer action's: healthcheck/controller.py
+state the Node's annotation shows, not only a newer action's: healthcheck/remediation/controller.py
 `_take_report`; without that it took over holding `requested` and never recorded the outcome).
 
 Deadlines here are liveness bounds, not timing figures (the CI box has two loaded cores);
@@ -37,13 +37,13 @@ from typing import Any
 
 import pytest
 
+from exporter.core.findings import Finding
 from exporter.sim.cluster import ClusterShape
 from exporter.sim.environment import SimulatedEnvironment
 from exporter.sources.kubeapi import KubeApi
-from healthcheck.findings import Finding
-from healthcheck.monitor import HealthReport
-from healthcheck.reporter import NodeReporter
-from healthcheck.state import ANNOTATION as STATE_ANNOTATION
+from healthcheck.detection.monitor import HealthReport
+from healthcheck.detection.reporter import NodeReporter
+from healthcheck.remediation.state import ANNOTATION as STATE_ANNOTATION
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent

@@ -14,9 +14,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cluster import metrics
+from exporter.cluster.metrics import render as metrics
 from exporter.cluster.model import ClusterModel
-from exporter.exposition import encode_text
+from exporter.core.exposition import encode_text
 from exporter.sim import synthetic as s
 from tests.conftest import promtool_lint
 from tests.crds import assert_valid_kueue

@@ -13,7 +13,14 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from exporter.snapshot import (
+from exporter.core.findings import (
+    Finding,
+    FindingsFormatError,
+    decode_findings,
+    findings_from_json,
+    findings_to_json,
+)
+from exporter.core.snapshot import (
     CollectorStatus,
     GpuInventory,
     NodeSnapshot,
@@ -23,24 +30,17 @@ from exporter.snapshot import (
     RetiredPages,
     XidEvent,
 )
-from healthcheck.checks import History, run_check_families, run_checks
-from healthcheck.checks.xid import verdict
-from healthcheck.checks.xid_memory import XidMemory, remember
-from healthcheck.config import (
+from healthcheck.detection.checks import History, run_check_families, run_checks
+from healthcheck.detection.checks.xid import verdict
+from healthcheck.detection.checks.xid_memory import XidMemory, remember
+from healthcheck.detection.config import (
     ConfigError,
     HealthConfig,
     XidConfig,
     config_from_mapping,
     load_config,
 )
-from healthcheck.findings import (
-    Finding,
-    FindingsFormatError,
-    decode_findings,
-    findings_from_json,
-    findings_to_json,
-)
-from healthcheck.monitor import HealthMonitor, HealthReport
+from healthcheck.detection.monitor import HealthMonitor, HealthReport
 from tests.conftest import SimHarness, healthy_snapshot
 
 Sim = Callable[..., SimHarness]

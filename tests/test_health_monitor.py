@@ -9,13 +9,13 @@ from collections.abc import Callable
 
 import pytest
 
+from exporter.core.findings import Finding
+from exporter.core.snapshot import NodeSnapshot
 from exporter.node.poller import Poller
-from exporter.snapshot import NodeSnapshot
-from healthcheck.checks import FAMILIES, History
-from healthcheck.config import HealthConfig, config_from_mapping
-from healthcheck.damping import Damper
-from healthcheck.findings import Finding
-from healthcheck.monitor import HealthMonitor, HealthReport
+from healthcheck.detection.checks import FAMILIES, History
+from healthcheck.detection.config import HealthConfig, config_from_mapping
+from healthcheck.detection.damping import Damper
+from healthcheck.detection.monitor import HealthMonitor, HealthReport
 from tests.conftest import SimHarness, promtool_lint
 from tests.test_node_agent import series
 
@@ -126,7 +126,7 @@ def test_a_failing_check_is_counted_logged_once_and_harmless(
     h = sim("p5.48xlarge", "rootfs-ro")
     monitor = HealthMonitor(families=[*FAMILIES, ("broken", broken)])
     poller = health_poller(h, monitor)
-    with caplog.at_level(logging.WARNING, logger="healthcheck.monitor"):
+    with caplog.at_level(logging.WARNING, logger="healthcheck.detection.monitor"):
         for _ in range(3):
             h.now += 5
             _, exposition = poller.poll()

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
+from exporter.core.findings import FINDINGS_ANNOTATION, Finding, findings_from_json
 from exporter.node.agent import NodeAgent
 from exporter.node.poller import Poller
 from exporter.sim.faults import parse_fault
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from exporter.sources.kubeapi import ApiError, KubeApi
-from healthcheck.findings import FINDINGS_ANNOTATION, Finding, findings_from_json
-from healthcheck.monitor import HealthMonitor, HealthReport
-from healthcheck.reporter import HEALTH_CONDITION, NodeReporter
+from healthcheck.detection.monitor import HealthMonitor, HealthReport
+from healthcheck.detection.reporter import HEALTH_CONDITION, NodeReporter
 from tests.conftest import SimHarness
 
 Sim = Callable[..., SimHarness]

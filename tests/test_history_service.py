@@ -23,15 +23,15 @@ from typing import Any
 import pytest
 
 from exporter.cli import main
-from exporter.cluster.history_feed import HistoryFeed, HistoryStartError, open_history
-from exporter.cluster.history_rows import live_audit_page
+from exporter.cluster.history.feed import HistoryFeed, HistoryStartError, open_history
+from exporter.cluster.history.rows import live_audit_page
 from exporter.cluster.run import explain_live
 from exporter.cluster.service import ClusterService
-from exporter.cluster.views import iso
-from exporter.history.migrations import LATEST
-from exporter.history.records import AuditQuery
+from exporter.cluster.views.workloads import iso
 from exporter.sim import synthetic as s
-from healthcheck.audit import Auditor
+from exporter.store.migrations import LATEST
+from exporter.store.records import AuditQuery
+from healthcheck.remediation.audit import Auditor
 from tests.conftest import ServedCluster
 from tests.postgres_harness import PostgresServer, find_bindir
 from tests.test_preemption_counters import CQ, NS, S, kueue, preempt, start_up, urgent, victim

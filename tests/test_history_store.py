@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from exporter.history.migrations import LATEST, SchemaTooNew
-from exporter.history.records import (
+from exporter.store.migrations import LATEST, SchemaTooNew
+from exporter.store.records import (
     AuditQuery,
     AuditRow,
     PreemptionQuery,
@@ -25,7 +25,7 @@ from exporter.history.records import (
     ScaleEventRow,
     WorkloadRow,
 )
-from exporter.history.sqlstore import (
+from exporter.store.sqlstore import (
     SqlStore,
     StoreUnavailable,
     StoreUrlError,
@@ -368,7 +368,7 @@ def test_the_package_imports_and_runs_sqlite_without_psycopg(tmp_path: Path) -> 
     script = f"""
 import sys
 sys.modules["psycopg"] = None  # as if not installed
-from exporter.history.sqlstore import StoreUnavailable, open_store
+from exporter.store.sqlstore import StoreUnavailable, open_store
 open_store("sqlite:///{tmp_path}/h.db").close()
 try:
     open_store("postgresql://u@127.0.0.1:5432/db")

@@ -8,9 +8,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from exporter.exposition import encode_text
-from exporter.history.sqlstore import StoreUnavailable
-from exporter.history.writer import HistoryWriter
+from exporter.core.exposition import encode_text
+from exporter.store.sqlstore import StoreUnavailable
+from exporter.store.writer import HistoryWriter
 
 
 class Sink:

@@ -36,13 +36,13 @@ import promql_parser
 import pytest
 import yaml
 
+from exporter.core.snapshot import PodRef
 from exporter.node.agent import NodeAgent
 from exporter.node.poller import Poller
 from exporter.node.serving import MetricsServer
 from exporter.sim.faults import parse_faults
 from exporter.sim.hardware.node import SimulatedNode
 from exporter.sim.hardware.profiles import get_profile
-from exporter.snapshot import PodRef
 from tests.test_chart import readme_scrape_config
 from tests.test_dashboards import substitute
 from tests.test_prometheus_e2e import Prometheus

@@ -3,7 +3,7 @@ our GPUs and devices, counters and findings; an XID the driver logs and NVML del
 event; an XID only the log shows (NVML lost the GPU) still reaches the XID check.
 
 The lines come from the simulated /dev/kmsg (exporter/sim/hardware/kmsg.py, the kernel's read
-semantics) in the real drivers' formats (exporter/data/kernel-log-patterns.csv cites them) and
+semantics) in the real drivers' formats (exporter/core/data/kernel-log-patterns.csv cites them) and
 are read by the production reader and poller.
 """
 
@@ -16,12 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.node.kernel_events import KernelLogLedger
-from exporter.node.poller import Poller
-from exporter.sim.faults import parse_faults
-from exporter.sim.hardware.node import SimulatedNode
-from exporter.sim.hardware.profiles import get_profile
-from exporter.snapshot import (
+from exporter.core.snapshot import (
     KernelLogBatch,
     KernelLogCount,
     KernelLogReading,
@@ -29,9 +24,14 @@ from exporter.snapshot import (
     NodeSnapshot,
     XidEvent,
 )
-from healthcheck.checks import History, run_checks
-from healthcheck.config import config_from_mapping
-from healthcheck.monitor import HealthMonitor
+from exporter.node.kernel.events import KernelLogLedger
+from exporter.node.poller import Poller
+from exporter.sim.faults import parse_faults
+from exporter.sim.hardware.node import SimulatedNode
+from exporter.sim.hardware.profiles import get_profile
+from healthcheck.detection.checks import History, run_checks
+from healthcheck.detection.config import config_from_mapping
+from healthcheck.detection.monitor import HealthMonitor
 
 START = 1_750_000_000.0
 
@@ -133,7 +133,7 @@ LEDGER_GPUS = 8
 
 
 def ledger_with_gpus() -> KernelLogLedger:
-    from exporter.snapshot import GpuInventory, GpuReading
+    from exporter.core.snapshot import GpuInventory, GpuReading
 
     ledger = KernelLogLedger("kmsg")
     gpus = tuple(
@@ -426,7 +426,7 @@ def test_kernel_log_off_means_no_series_and_no_checks_on_it(
 def test_lines_the_gate_skips_are_still_counted_and_their_loss_is_exact() -> None:
     """Records no pattern can match are not parsed, but they are read: they count as lines, and
     an overrun among them is counted from their sequence numbers like any other."""
-    from exporter.node.kernel_log import record_may_match
+    from exporter.node.kernel.patterns import record_may_match
     from exporter.sim.hardware.kmsg import SimKernelLog
 
     ring = SimKernelLog(capacity_bytes=1 << 15)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.node.kernel_log import (
+from exporter.node.kernel.patterns import (
     GROUPS,
     KINDS,
     SEVERITIES,
@@ -419,12 +419,12 @@ def test_things_that_are_not_pci_addresses_are_refused(text: str) -> None:
 
 
 def _rows() -> list[dict[str, str]]:
-    text = resources.files("exporter.data").joinpath("kernel-log-patterns.csv").read_text()
+    text = resources.files("exporter.core.data").joinpath("kernel-log-patterns.csv").read_text()
     return list(csv.DictReader(text.splitlines()))
 
 
 def test_the_table_has_the_documented_columns() -> None:
-    text = resources.files("exporter.data").joinpath("kernel-log-patterns.csv").read_text()
+    text = resources.files("exporter.core.data").joinpath("kernel-log-patterns.csv").read_text()
     header = next(csv.reader(text.splitlines()))
     assert header == ["name", "kind", "severity", "regex", "source"]
 

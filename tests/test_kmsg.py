@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from exporter.core.snapshot import KernelLogBatch, KernelLogRecord
 from exporter.sim.hardware.kmsg import SimKernelLog, SimKmsgReader
-from exporter.snapshot import KernelLogBatch, KernelLogRecord
 from exporter.sources.interfaces import KernelLogSource, SourceError
 from exporter.sources.kmsg import (
     JOURNAL_STATE_FILE,

@@ -1,6 +1,7 @@
 """The simulated API server's PATCH bodies against the RFCs' own examples: RFC 6902 (JSON
 Patch) Appendix A and RFC 7386 (JSON Merge Patch) Appendix A, through the adapter in
-`exporter.sim.kubeapi.patch`; its merge patch is `exporter.mergepatch`, the quota emitter's too."""
+`exporter.sim.kubeapi.patch`; its merge patch is `exporter.core.mergepatch`, the quota emitter's
+too."""
 
 from __future__ import annotations
 

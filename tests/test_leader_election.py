@@ -20,8 +20,8 @@ from typing import Any
 import kubernetes.client as kc
 import pytest
 
-from exporter.cluster.leader import Leadership, add_arguments, default_identity
-from exporter.exposition import encode_text
+from exporter.cluster.leader.election import Leadership, add_arguments, default_identity
+from exporter.core.exposition import encode_text
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from exporter.sources.lease import (
     Decision,
@@ -537,7 +537,7 @@ def test_decision_reasons_name_the_rule() -> None:
 def test_the_command_line_defaults_are_the_electors() -> None:
     """The flags live apart from the elector (the node agent builds the same parser); their
     defaults must be client-go's, as ElectionConfig's are."""
-    from exporter.cluster import leader_args
+    from exporter.cluster.leader import args as leader_args
     from exporter.sources.lease import ElectionConfig
 
     config = ElectionConfig()

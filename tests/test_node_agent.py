@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.snapshot import PodRef
+from exporter.core.snapshot import PodRef
 from exporter.sources.interfaces import PodResourcesSource
 from exporter.sources.sysfs import EFA_DEVICE_COUNTERS, EFA_PORT_COUNTERS
 from tests.conftest import SimHarness, promtool_lint, reference

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import NodeConfigError, apply_node_config, build_parser, run_node
-from exporter.exposition import EMPTY, Exposition, encode_text
+from exporter.core.exposition import EMPTY, Exposition, encode_text
+from exporter.core.findings import Finding, decode_findings, findings_to_json
 from exporter.node.agent import appended
 from exporter.node.health_api import (
     BAD_CREDENTIALS,
@@ -61,9 +62,8 @@ from exporter.topology.files import (
 )
 from exporter.topology.labels import LAYER_KEYS, ZONE_KEY, Placement
 from exporter.topology.writers import slurm_tree, topology_json
-from healthcheck.findings import Finding, decode_findings, findings_to_json
-from healthcheck.monitor import HealthReport
-from healthcheck.reporter import published
+from healthcheck.detection.monitor import HealthReport
+from healthcheck.detection.reporter import published
 from tests.conftest import promtool_lint, systemd_verify
 
 REPO = Path(__file__).resolve().parent.parent

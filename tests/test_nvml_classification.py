@@ -36,17 +36,28 @@ from typing import Any
 import pynvml
 import pytest
 
+from exporter.core.snapshot import (
+    GpuInventory,
+    GpuReading,
+    NodeSnapshot,
+    NvmlFailure,
+    XidEvent,
+)
 from exporter.node.agent import NodeAgent
 from exporter.node.serving import MetricsServer
 from exporter.sim.faults import parse_fault, parse_faults
 from exporter.sim.hardware.nvml import SimulatedNvml
 from exporter.sim.hardware.profiles import get_profile
-from exporter.snapshot import GpuInventory, GpuReading, NodeSnapshot, NvmlFailure, XidEvent
 from exporter.sources.nvml import NvmlGpuSource
-from healthcheck.checks import History, run_checks
-from healthcheck.checks.xid_memory import XidMemory, remember
-from healthcheck.config import ConfigError, HealthConfig, XidConfig, config_from_mapping
-from healthcheck.monitor import HealthMonitor, HealthReport
+from healthcheck.detection.checks import History, run_checks
+from healthcheck.detection.checks.xid_memory import XidMemory, remember
+from healthcheck.detection.config import (
+    ConfigError,
+    HealthConfig,
+    XidConfig,
+    config_from_mapping,
+)
+from healthcheck.detection.monitor import HealthMonitor, HealthReport
 from tests.conftest import SimHarness, healthy_snapshot, promtool_lint
 from tests.test_cli import topowatch
 from tests.test_node_agent import one, series

@@ -16,10 +16,10 @@ from typing import Any
 import pynvml
 import pytest
 
+from exporter.core.snapshot import PROFILING_KEYS, GpuInventory, XidEvent
 from exporter.sim.faults import Fault, parse_fault
 from exporter.sim.hardware.nvml import SimulatedNvml
 from exporter.sim.hardware.profiles import HardwareProfile, get_profile
-from exporter.snapshot import PROFILING_KEYS, GpuInventory, XidEvent
 from exporter.sources.nvml import NvmlGpuSource
 
 PROFILES = ("p5.48xlarge", "p6e-gb200.36xlarge")

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from exporter.snapshot import PodRef
+from exporter.core.snapshot import PodRef
 from exporter.sources.interfaces import SourceError
 from exporter.sources.podresources import KubeletPodResources, StaticPodResources
 from exporter.sources.podresources_pb import api_pb2_grpc

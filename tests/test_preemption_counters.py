@@ -26,7 +26,7 @@ from exporter.cluster.informers import InformerSet
 from exporter.cluster.model import LIVE_SLACK_S, ClusterModel
 from exporter.cluster.run import kube_api_client
 from exporter.cluster.service import ClusterService
-from exporter.cluster.views import preemptions_view
+from exporter.cluster.views.workloads import preemptions_view
 from exporter.sim import synthetic as s
 from exporter.sim.cluster import ClusterShape, SimulatedCluster
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore

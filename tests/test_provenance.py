@@ -1,4 +1,4 @@
-"""Findings count only when the node's own agent wrote them (healthcheck/provenance.py).
+"""Findings count only when the node's own agent wrote them (exporter/core/provenance.py).
 
 The check reads the Node's managedFields: the findings annotation must be owned by the agent's
 field manager alone. Tested on the pure function, through the controller (refused, audited as
@@ -22,15 +22,8 @@ from typing import Any
 import pytest
 
 from exporter.cluster.run import build_controller, kube_api_client
-from exporter.sim.cluster import ClusterShape
-from exporter.sim.environment import NodeAgentFleet, SimulatedEnvironment
-from exporter.sim.faults import parse_fault
-from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
-from exporter.sources.kubeapi import KubeApi
-from healthcheck.controller import RemediationController
-from healthcheck.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, Finding
-from healthcheck.monitor import HealthMonitor, HealthReport
-from healthcheck.provenance import (
+from exporter.core.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, Finding
+from exporter.core.provenance import (
     AGENT_FIELD_MANAGER,
     REFUSED,
     agent_entry,
@@ -38,7 +31,14 @@ from healthcheck.provenance import (
     owners,
     screen_node,
 )
-from healthcheck.reporter import NodeReporter
+from exporter.sim.cluster import ClusterShape
+from exporter.sim.environment import NodeAgentFleet, SimulatedEnvironment
+from exporter.sim.faults import parse_fault
+from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
+from exporter.sources.kubeapi import KubeApi
+from healthcheck.detection.monitor import HealthMonitor, HealthReport
+from healthcheck.detection.reporter import NodeReporter
+from healthcheck.remediation.controller import RemediationController
 from tests.test_cluster_service import RunningService, eventually
 from tests.test_remediation_controller import finding, make, node, trail
 

@@ -30,7 +30,7 @@ from exporter.cluster.quota.advisor import (
 )
 from exporter.cluster.quota.history import QuotaHistory
 from exporter.cluster.quota.views import quota_families, recommendations_view
-from exporter.exposition import encode_text
+from exporter.core.exposition import encode_text
 from exporter.sim import synthetic as s
 from tests.conftest import promtool_lint
 from tests.crds import assert_valid_kueue

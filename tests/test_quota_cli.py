@@ -18,12 +18,12 @@ import yaml
 from botocore.stub import Stubber
 from botocore.validate import validate_parameters
 
-from exporter.cluster.quota import cli as quota_cli
+from exporter.cli import quota_advise as quota_cli
+from exporter.cli.quota import add_quota_parser
 from exporter.cluster.quota.advisor import Recommendation
-from exporter.cluster.quota.args import add_quota_parser
 from exporter.cluster.quota.emit import update_input_shape
 from exporter.cluster.quota.views import recommendations_view
-from exporter.mergepatch import merge_patch
+from exporter.core.mergepatch import merge_patch
 from exporter.sim import synthetic as s
 from tests.crds import assert_valid_kueue
 

@@ -21,17 +21,17 @@ import pytest
 
 from exporter.cluster.run import kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService
+from exporter.core.findings import FINDINGS_ANNOTATION
+from exporter.core.provenance import AGENT_FIELD_MANAGER, agent_entry
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
-from healthcheck.actions.base import ActionRequest, ActionResult
-from healthcheck.actions.hyperpod import HyperPodLabeler
-from healthcheck.alerts import parse_alertmanager
-from healthcheck.audit import AuditRecord
-from healthcheck.controller import KubeNodeWriter, RemediationController
-from healthcheck.findings import FINDINGS_ANNOTATION
-from healthcheck.policy import PolicyConfig
-from healthcheck.provenance import AGENT_FIELD_MANAGER, agent_entry
-from healthcheck.state import ANNOTATION as STATE
-from healthcheck.state import RemediationState, dump_state, parse_state
+from healthcheck.remediation.alerts import parse_alertmanager
+from healthcheck.remediation.audit import AuditRecord
+from healthcheck.remediation.controller import KubeNodeWriter, RemediationController
+from healthcheck.remediation.policy import PolicyConfig
+from healthcheck.remediation.providers.base import ActionRequest, ActionResult
+from healthcheck.remediation.providers.hyperpod import HyperPodLabeler
+from healthcheck.remediation.state import ANNOTATION as STATE
+from healthcheck.remediation.state import RemediationState, dump_state, parse_state
 
 HEALTH = "sagemaker.amazonaws.com/node-health-status"
 T0 = 1_750_000_000.0
@@ -435,7 +435,7 @@ def test_service_forwards_node_events_and_guards_alerts_and_reset() -> None:
 
 
 def test_remediation_metrics_pass_promtool() -> None:
-    from exporter.exposition import encode_text
+    from exporter.core.exposition import encode_text
     from tests.conftest import promtool_lint
 
     controller, _, _, _ = make()

@@ -22,18 +22,18 @@ import pytest
 import yaml
 
 from exporter.cluster.run import RemediationConfigError, build_controller, kube_api_client
-from exporter.exposition import encode_text
+from exporter.core.exposition import encode_text
+from exporter.core.findings import FINDINGS_ANNOTATION, format_time
+from exporter.core.provenance import AGENT_FIELD_MANAGER
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
-from healthcheck.actions.base import ActionRequest, ActionResult
-from healthcheck.actions.hyperpod import HyperPodLabeler
-from healthcheck.alerts import parse_alertmanager
-from healthcheck.audit import AuditRecord, node_event
-from healthcheck.controller import KubeNodeWriter, RemediationController
-from healthcheck.findings import FINDINGS_ANNOTATION, format_time
-from healthcheck.policy import PolicyConfig
-from healthcheck.provenance import AGENT_FIELD_MANAGER
-from healthcheck.state import ANNOTATION as STATE
-from healthcheck.state import RemediationState, dump_state, parse_state
+from healthcheck.remediation.alerts import parse_alertmanager
+from healthcheck.remediation.audit import AuditRecord, node_event
+from healthcheck.remediation.controller import KubeNodeWriter, RemediationController
+from healthcheck.remediation.policy import PolicyConfig
+from healthcheck.remediation.providers.base import ActionRequest, ActionResult
+from healthcheck.remediation.providers.hyperpod import HyperPodLabeler
+from healthcheck.remediation.state import ANNOTATION as STATE
+from healthcheck.remediation.state import RemediationState, dump_state, parse_state
 from tests.conftest import promtool_lint
 from tests.test_remediation_controller import (
     ACT,

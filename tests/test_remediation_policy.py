@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from exporter.node.xid import describe
-from healthcheck.findings import Finding
-from healthcheck.policy import (
+from exporter.core.findings import Finding
+from exporter.core.xid import describe
+from healthcheck.remediation.policy import (
     DEFAULT_LADDER,
     Breaker,
     ClusterFacts,
@@ -25,7 +25,12 @@ from healthcheck.policy import (
     settle,
     strongest,
 )
-from healthcheck.state import LadderMark, RemediationState, dump_state, parse_state
+from healthcheck.remediation.state import (
+    LadderMark,
+    RemediationState,
+    dump_state,
+    parse_state,
+)
 
 NOW = 1_750_000_000.0
 ACT = PolicyConfig(mode="act", budget_nodes=2, budget_percent=0.0, cooldown_s=600)

@@ -19,18 +19,18 @@ from botocore.stub import Stubber
 
 from exporter.cluster.run import kube_api_client
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
-from healthcheck.actions.base import (
+from healthcheck.remediation.providers.base import (
     ActionRequest,
     ActionResult,
     Provider,
     executable,
     provider_actions,
 )
-from healthcheck.actions.hyperpod import HyperPodLabeler
-from healthcheck.actions.kubernetes import TAINT_KEY, Cordoner
-from healthcheck.actions.sagemaker import SageMakerNodes, instance_id_of
-from healthcheck.actions.slurm import SlurmNodes
-from healthcheck.actions.webhook import WebhookNotifier
+from healthcheck.remediation.providers.hyperpod import HyperPodLabeler
+from healthcheck.remediation.providers.kubernetes import TAINT_KEY, Cordoner
+from healthcheck.remediation.providers.sagemaker import SageMakerNodes, instance_id_of
+from healthcheck.remediation.providers.slurm import SlurmNodes
+from healthcheck.remediation.providers.webhook import WebhookNotifier
 from tests.slurm_harness import binary, running_slurmctld
 
 HEALTH = "sagemaker.amazonaws.com/node-health-status"

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 
-from exporter.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
+from exporter.core.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from exporter.node.agent import NodeAgent
 from exporter.node.serving import MetricsServer
 from tests.conftest import SimHarness

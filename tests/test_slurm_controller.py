@@ -31,11 +31,11 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.exposition import encode_text
-from exporter.slurm.nodes import SlurmNode, parse_nodes
-from healthcheck.slurm.reports import PENDING_REBOOT, PENDING_REPLACEMENT, asked_by_reason
-from healthcheck.slurm.service import SlurmControllerService, build_app, build_service
-from healthcheck.slurm.settings import settings_from_mapping
+from exporter.core.exposition import encode_text
+from exporter.slurm.reports import PENDING_REBOOT, PENDING_REPLACEMENT, asked_by_reason
+from exporter.slurm.service import SlurmControllerService, build_app, build_service
+from exporter.slurm.settings import settings_from_mapping
+from exporter.sources.slurm.nodes import SlurmNode, parse_nodes
 from tests.conftest import free_port
 from tests.slurm_agents import TOKEN, Behaviour, FakeAgents, finding, loopback_addresses
 from tests.slurm_harness import binary, running_slurmctld
@@ -695,7 +695,7 @@ GOOD = finding("xid", "reboot", 1_795_000_000.0).to_dict()
     ],
 )
 def test_health_answers(status: int, body: bytes, outcome: str, findings: int) -> None:
-    from healthcheck.slurm.poller import read_answer
+    from exporter.slurm.poller import read_answer
 
     reading = read_answer("gpu-1", status, body, 1.0)
     assert (reading.outcome, len(reading.findings)) == (outcome, findings)
@@ -706,7 +706,7 @@ def test_health_answers(status: int, body: bytes, outcome: str, findings: int) -
 
 def test_poller_keeps_to_its_concurrency_bound(tmp_path: Path) -> None:
     """40 agents each answering after 0.2 s, at most 8 requests in flight at any time."""
-    from healthcheck.slurm.poller import AgentPoller, Target
+    from exporter.slurm.poller import AgentPoller, Target
 
     names = [f"n{i}" for i in range(40)]
     addresses = {n: f"127.0.1.{i + 2}" for i, n in enumerate(names)}
@@ -724,8 +724,8 @@ def test_poller_keeps_to_its_concurrency_bound(tmp_path: Path) -> None:
 
 
 def test_state_file_round_trip_and_atomic_replacement(tmp_path: Path) -> None:
-    from healthcheck.slurm.statefile import StateFile
-    from healthcheck.state import RemediationState
+    from exporter.slurm.statefile import StateFile
+    from healthcheck.remediation.state import RemediationState
 
     path = tmp_path / "lib" / "state.json"
     store = StateFile(path)
@@ -751,7 +751,7 @@ def test_state_file_round_trip_and_atomic_replacement(tmp_path: Path) -> None:
     ],
 )
 def test_bad_settings_stop_the_start_with_a_clear_message(raw: Any, complaint: str) -> None:
-    from healthcheck.slurm.settings import SettingsError
+    from exporter.slurm.settings import SettingsError
 
     with pytest.raises(SettingsError, match=re.escape(complaint)):
         settings_from_mapping(raw)
@@ -763,7 +763,7 @@ def test_bad_settings_stop_the_start_with_a_clear_message(raw: Any, complaint: s
 def test_shell_metacharacters_in_a_node_name_are_refused_before_scontrol(
     tmp_path: Path, name: str
 ) -> None:
-    from exporter.slurm.commands import SlurmCli, SlurmCommandError
+    from exporter.sources.slurm.commands import SlurmCli, SlurmCommandError
 
     called = tmp_path / "called"
     fake = tmp_path / "scontrol"

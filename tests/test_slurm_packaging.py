@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from healthcheck.slurm.settings import (
+from exporter.slurm.settings import (
     _AGENT_KEYS,
     _PROMETHEUS_KEYS,
     _REMEDIATION_KEYS,

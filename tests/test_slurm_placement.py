@@ -3,7 +3,7 @@
 Rules the rows rest on:
 - hops: exporter.topology.labels.hops, the Kueue side's definition (three layers: same leaf
   (layer-3) -> 2, same layer-2 -> 4, same layer-1 -> 6); domains spanned and the one
-  UltraServer as exporter.cluster.analysis.locality counts them.
+  UltraServer as exporter.topology.locality counts them.
 - reasons: https://slurm.schedmd.com/job_reason_codes.html and squeue(1) JOB REASON CODES.
 - free nodes: sinfo(1) NODE STATE CODES: IDLE is "not allocated to any jobs and is available
   for use"; DRAIN/FAIL/RESERVED/... take a node out of new allocations.
@@ -22,13 +22,10 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import main
-from exporter.exposition import encode_text
-from exporter.slurm.cli import ExplainSlurmError, explain_slurm
-from exporter.slurm.commands import SlurmCli
+from exporter.cli.slurm_explain import ExplainSlurmError, explain_slurm
+from exporter.core.exposition import encode_text
 from exporter.slurm.explain import as_dict, text
-from exporter.slurm.jobs import SlurmJob, parse_jobs
 from exporter.slurm.metrics import slurm_families
-from exporter.slurm.nodes import parse_nodes
 from exporter.slurm.placement import (
     REASONS,
     free_capacity,
@@ -36,6 +33,9 @@ from exporter.slurm.placement import (
     node_is_free,
     reason_meaning,
 )
+from exporter.sources.slurm.commands import SlurmCli
+from exporter.sources.slurm.jobs import SlurmJob, parse_jobs
+from exporter.sources.slurm.nodes import parse_nodes
 from exporter.topology.files import load_placements
 from exporter.topology.labels import Placement
 from tests.slurm_harness import binary, running_slurmctld

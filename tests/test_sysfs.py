@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.core.snapshot import EfaDeviceReading, EfaPortReading
 from exporter.sim.faults import Fault
 from exporter.sim.hardware.profiles import HardwareProfile, get_profile
 from exporter.sim.hardware.sysfs import (
@@ -22,7 +23,6 @@ from exporter.sim.hardware.sysfs import (
     format_cpulist,
     format_cpumask,
 )
-from exporter.snapshot import EfaDeviceReading, EfaPortReading
 from exporter.sources.sysfs import (
     EFA_DEVICE_COUNTERS,
     EFA_PORT_COUNTERS,

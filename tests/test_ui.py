@@ -22,16 +22,16 @@ from typing import Any
 import pytest
 
 from exporter.cli import main
+from exporter.cli.topology import live_mermaid
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import Node, Pod
 from exporter.cluster.parse.core import parse_node
 from exporter.cluster.ui import pages as ui
 from exporter.cluster.ui.svg import slot_colour, team_hue
-from exporter.cluster.views import topology_view, workload_view
+from exporter.cluster.views.workloads import topology_view, workload_view
 from exporter.sim import synthetic as s
 from exporter.sim.cluster import SimulatedCluster
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
-from exporter.topology.cli import live_mermaid
 from tests.test_cluster_service import RunningService, eventually, scripted
 
 T0 = 1_795_000_000.0

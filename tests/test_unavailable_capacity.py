@@ -18,8 +18,8 @@ import pytest
 from botocore.stub import Stubber
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cluster import metrics
 from exporter.cluster.explain import explain_text
+from exporter.cluster.metrics import render as metrics
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.parse.core import instance_id_of, parse_node
 from exporter.cluster.quota.advisor import (
@@ -33,8 +33,8 @@ from exporter.cluster.quota.advisor import (
 from exporter.cluster.quota.history import QuotaHistory
 from exporter.cluster.run import poll_ec2_events
 from exporter.cluster.service import ClusterService
-from exporter.cluster.views import topology_view, workload_view
-from exporter.exposition import encode_text
+from exporter.cluster.views.workloads import topology_view, workload_view
+from exporter.core.exposition import encode_text
 from exporter.sim import synthetic as s
 from exporter.sources.ec2_events import (
     EVENT_CODES,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import csv
 
-from exporter.node.xid import XidLedger, catalog, describe
-from exporter.snapshot import PodRef, XidEvent
+from exporter.core.snapshot import PodRef, XidEvent
+from exporter.core.xid import XidLedger, catalog, describe
 from tests.conftest import reference
 
 

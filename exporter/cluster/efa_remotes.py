@@ -10,8 +10,8 @@ The rule, judged at a moment `now`:
 
 1. **Current findings.** A finding in the annotation is current while `lastSeen + FRESH_S >=
    now`. A live agent rewrites its annotation at least every `REFRESH_SECONDS` (300 s,
-   healthcheck/reporter.py), so a current finding was active within the last FRESH_S (600 s),
-   and any two current findings overlap within that window; an older one is left by an agent
+   healthcheck/detection/reporter.py), so a current finding was active within the last FRESH_S (600
+   s), and any two current findings overlap within that window; an older one is left by an agent
    that stopped writing and counts for nothing. Without a clock (a dump), `now` is the newest
    `lastSeen` of any EFA finding the cluster holds.
 2. **Nodes.** A node *reports* when it has a current `efa_remote_errors` finding (since the
@@ -60,7 +60,7 @@ LOCAL_PREFIX = "efa_"  # any other efa_* check recommending an action: the node'
 # Distinct nodes of one workload that must report at once before the cluster service raises it.
 MIN_REPORTERS = 2
 # How long after its lastSeen a finding still counts as current: twice the node agent's refresh
-# period (healthcheck.reporter.REFRESH_SECONDS, 300 s).
+# period (healthcheck.detection.reporter.REFRESH_SECONDS, 300 s).
 FRESH_S = 600.0
 
 Basis = Literal["local-efa-fault", "only-silent-node", "shared-silent-node", "undetermined"]

@@ -2,7 +2,7 @@
 
 Offline, a `kubectl get nodes,pods,workloads,clusterqueues,localqueues,events -A -o yaml` List
 is fed through the same ClusterModel the service runs, so both paths answer from the same
-workload view (exporter.cluster.views).
+workload view (exporter.cluster.views.workloads).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, TypeVar
 
 # One rule for the ledger and the history store (re-exported for the timeline).
-from exporter.history.records import SAME_PREEMPTION_WINDOW_S as SAME_PREEMPTION_WINDOW_S
+from exporter.store.records import SAME_PREEMPTION_WINDOW_S as SAME_PREEMPTION_WINDOW_S
 
 K = TypeVar("K")
 Verdict = Literal["quota", "topology", "unknown"]

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from exporter.cluster import analysis
-from exporter.cluster.analysis import Locality, PendingCause
+from exporter.cluster.analysis import PendingCause
 from exporter.cluster.capacity.placement import (
     Eligibility,
     Exclusion,
@@ -66,10 +66,11 @@ from exporter.cluster.parse.kueue import (
 )
 from exporter.cluster.reservations import ReservationBook
 from exporter.cluster.timeline import TimelineEntry, timeline_changes
+from exporter.core.findings import FINDINGS_ANNOTATION
 from exporter.sources.ec2_events import ScheduledEvent
 from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY, INSTANCE_TYPE_KEY
+from exporter.topology.locality import Locality, locality
 from exporter.topology.tree import Placement, TopologyTree, level_of_label_key
-from healthcheck.findings import FINDINGS_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -1061,7 +1062,7 @@ class ClusterModel:
             place = self.tree.placement(pod.node)
             if place is not None:
                 placements[pod.node] = place
-        value = analysis.locality(placements, analysis.workload_request(workload), placed)
+        value = locality(placements, analysis.workload_request(workload), placed)
         state.locality_cache = (stamp, value)
         return value
 

@@ -262,7 +262,7 @@ class PriorityClass:
 @dataclass(frozen=True, slots=True)
 class EfaFinding:
     """An EFA finding (check id `efa_*`) the node agent published in its Node's
-    `topowatch.io/findings` annotation (healthcheck.findings' JSON form); the cluster service
+    `topowatch.io/findings` annotation (exporter.core.findings' JSON form); the cluster service
     keeps only these, for `exporter.cluster.efa_remotes`."""
 
     check: str  # "efa_remote_errors", "efa_link_down", "efa_missing", ...

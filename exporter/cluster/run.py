@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 import kubernetes
 import yaml
 
-from exporter.cluster.elastic_views import explained_workload, find_job, job_view
 from exporter.cluster.explain import (
     DumpError,
     explain_text,
@@ -35,13 +34,14 @@ from exporter.cluster.explain import (
 )
 from exporter.cluster.informers import InformerSet
 from exporter.cluster.service import ClusterService, build_app, run_app
-from exporter.cluster.views import preemptions_view
+from exporter.cluster.views.elastic import explained_workload, find_job, job_view
+from exporter.cluster.views.workloads import preemptions_view
 from exporter.sources.ec2_events import Ec2EventsError, Ec2EventsSource
 
 if TYPE_CHECKING:
-    from exporter.cluster.history_feed import HistoryFeed
-    from exporter.cluster.leader import Leadership
-    from healthcheck.controller import RemediationController
+    from exporter.cluster.history.feed import HistoryFeed
+    from exporter.cluster.leader.election import Leadership
+    from healthcheck.remediation.controller import RemediationController
 
 log = logging.getLogger(__name__)
 
@@ -243,11 +243,10 @@ def build_controller(
     """The controller and the alerts token (or None) from the remediation YAML.
 
     YAML keys: mode (observe|act), budget {nodes, percent, window_seconds}, breaker {threshold,
-    window_seconds}, cooldown_seconds, active_timeout_seconds, max_attempts,
-    healthy_reset_seconds, alert_ttl_seconds, ladder {rules, defaults} (healthcheck.policy's
-    parse_ladder), providers [...], alert_token_file. A config that cannot be read fully is
-    refused: no half-understood policy, and no ladder with a loop or an unknown action.
-    """
+    window_seconds}, cooldown_seconds, active_timeout_seconds, max_attempts, healthy_reset_seconds,
+    alert_ttl_seconds, ladder {rules, defaults} (healthcheck.remediation.policy's parse_ladder),
+    providers [...], alert_token_file. A config that cannot be read fully is refused: no
+    half-understood policy, and no ladder with a loop or an unknown action."""
     try:
         raw = yaml.safe_load(config_file.read_text()) or {}
     except OSError as exc:
@@ -269,10 +268,10 @@ def controller_from_mapping(
     raw: dict[str, Any], api_client: kubernetes.client.ApiClient
 ) -> RemediationController:
     """A controller from an already-parsed remediation config (see build_controller)."""
-    from healthcheck.actions.base import executable
-    from healthcheck.actions.registry import ConfigError, build_providers
-    from healthcheck.controller import KubeNodeWriter, RemediationController
-    from healthcheck.policy import PolicyConfig
+    from healthcheck.remediation.controller import KubeNodeWriter, RemediationController
+    from healthcheck.remediation.policy import PolicyConfig
+    from healthcheck.remediation.providers.base import executable
+    from healthcheck.remediation.providers.registry import ConfigError, build_providers
 
     policy, problems = PolicyConfig.from_mapping(raw)
     if problems:
@@ -304,7 +303,7 @@ def controller_from_mapping(
 
 
 def read_token(path: Path) -> str:
-    from healthcheck.alerts import TokenFileError, read_token_file
+    from healthcheck.remediation.alerts import TokenFileError, read_token_file
 
     try:
         return read_token_file(path)

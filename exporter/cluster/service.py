@@ -16,17 +16,19 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from exporter.cluster import elastic_views, metrics, views
-from exporter.cluster.history_args import parse_since as parse_since
-from exporter.cluster.history_routes import add_history_routes
-from exporter.cluster.history_rows import LIVE_CURSOR, live_audit_page, live_preemption_page
+from exporter.cluster.history.args import parse_since as parse_since
+from exporter.cluster.history.routes import add_history_routes
+from exporter.cluster.history.rows import LIVE_CURSOR, live_audit_page, live_preemption_page
 from exporter.cluster.informers import InformerSet
+from exporter.cluster.metrics import render as metrics
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.quota.advisor import AdvisorConfig, Recommendation, advise, fair_share_weights
 from exporter.cluster.quota.history import QuotaHistory
 from exporter.cluster.quota.views import quota_families, recommendations_view
 from exporter.cluster.ui import pages as ui
-from exporter.exposition import (
+from exporter.cluster.views import elastic as elastic_views
+from exporter.cluster.views import workloads as views
+from exporter.core.exposition import (
     COUNTER,
     GAUGE,
     OPENMETRICS_CONTENT_TYPE,
@@ -36,14 +38,14 @@ from exporter.exposition import (
     encode_text,
     wants_openmetrics,
 )
-from exporter.history.records import AuditQuery, Page, PreemptionQuery
-from exporter.history.sqlstore import StoreUnavailable
 from exporter.sources.ec2_events import ScheduledEvent
+from exporter.store.records import AuditQuery, Page, PreemptionQuery
+from exporter.store.sqlstore import StoreUnavailable
 
 if TYPE_CHECKING:
-    from exporter.cluster.history_feed import HistoryFeed, HistoryStore
-    from exporter.cluster.leader import Leadership
-    from healthcheck.controller import RemediationController
+    from exporter.cluster.history.feed import HistoryFeed, HistoryStore
+    from exporter.cluster.leader.election import Leadership
+    from healthcheck.remediation.controller import RemediationController
 
 log = logging.getLogger(__name__)
 
@@ -471,7 +473,7 @@ def add_remediation_routes(app: web.Application, service: ClusterService) -> Non
     Writes need the bearer token (compared in constant time); with no token configured they are
     refused. A refused or malformed request changes nothing.
     """
-    from healthcheck.alerts import AlertPayloadError, bearer_ok, parse_alertmanager
+    from healthcheck.remediation.alerts import AlertPayloadError, bearer_ok, parse_alertmanager
 
     def refused(request: web.Request) -> web.Response | None:
         if service.controller is None:

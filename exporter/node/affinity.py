@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from exporter.snapshot import EfaDeviceReading, GpuAffinity, NumaNodeReading
+from exporter.core.snapshot import EfaDeviceReading, GpuAffinity, NumaNodeReading
 from exporter.sources.sysfs import PciLocation
 
 

@@ -21,9 +21,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from exporter.exposition import EMPTY, Exposition, Family
+from exporter.core.exposition import EMPTY, Exposition, Family
+from exporter.core.snapshot import NodeSnapshot
 from exporter.node.poller import Poller
-from exporter.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
 

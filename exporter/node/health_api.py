@@ -1,12 +1,12 @@
 """`GET /api/v1/health`: the node's health findings for a reader with no Kubernetes (Slurm).
 
 On Kubernetes the agent publishes its findings in the Node annotation `topowatch.io/findings`
-(healthcheck/reporter.py). A Slurm cluster has no Node object, so the controller on the head
-node asks each agent instead, and gets the same list:
+(healthcheck/detection/reporter.py). A Slurm cluster has no Node object, so the controller on the
+head node asks each agent instead, and gets the same list:
 
     {"node": "ip-10-1-2-3", "generated_at": "2026-11-22T10:00:05Z", "ready": true,
      "version": "9c1f0e4b7a2d3e58",
-     "findings": [<exactly the annotation's entries, healthcheck/findings.py>]}
+     "findings": [<exactly the annotation's entries, exporter/core/findings.py>]}
 
 so `decode_findings(json.dumps(body["findings"]))` reads it as it reads the annotation.
 `generated_at` is when the checks produced these findings (the poll's time, RFC 3339 UTC), so
@@ -36,8 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
-from exporter.exposition import COUNTER, Family
-from healthcheck.findings import Finding, findings_to_json, format_time
+from exporter.core.exposition import COUNTER, Family
+from exporter.core.findings import Finding, findings_to_json, format_time
 
 HEALTH_PATH = "/api/v1/health"
 JSON_CONTENT_TYPE = "application/json"
@@ -63,7 +63,8 @@ VERSION_DIGITS = 16
 @dataclass(frozen=True, slots=True)
 class Evaluation:
     """One poll's verdict as published: the findings the annotation would carry
-    (`healthcheck.reporter.published`) and when the checks produced them (unix seconds)."""
+    (`healthcheck.detection.reporter.published`) and when the checks produced them (unix
+    seconds)."""
 
     findings: tuple[Finding, ...]
     at: float

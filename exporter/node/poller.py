@@ -14,13 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
-from exporter.exposition import Exposition, Family
-from exporter.node.affinity import compute_affinity
-from exporter.node.compat import dcgm, efa
-from exporter.node.kernel_events import KernelLogLedger
-from exporter.node.render import render
-from exporter.node.xid import XidLedger
-from exporter.snapshot import (
+from exporter.core.exposition import Exposition, Family
+from exporter.core.snapshot import (
     CollectorStatus,
     CustomCheckReading,
     EfaDeviceReading,
@@ -33,6 +28,11 @@ from exporter.snapshot import (
     NumaNodeReading,
     PodRef,
 )
+from exporter.core.xid import XidLedger
+from exporter.node.affinity import compute_affinity
+from exporter.node.compat import dcgm, efa
+from exporter.node.kernel.events import KernelLogLedger
+from exporter.node.render import render
 from exporter.sources import sysfs
 from exporter.sources.interfaces import (
     CustomCheckSource,
@@ -45,7 +45,7 @@ from exporter.sources.interfaces import (
 from exporter.sources.pci import nvml_to_sysfs_address
 
 if TYPE_CHECKING:
-    from healthcheck.monitor import HealthMonitor
+    from healthcheck.detection.monitor import HealthMonitor
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -303,7 +303,7 @@ class Poller:
         self, run: list[CollectorStatus], gpu: GpuInventory, now: float
     ) -> tuple[GpuInventory, KernelLogReading | None]:
         """The kernel log's new lines as events; its XIDs merged with NVML's, each fault once
-        (exporter/node/kernel_events.py), so the XID ledger and checks see one stream."""
+        (exporter/node/kernel/events.py), so the XID ledger and checks see one stream."""
         source, ledger = self.sources.kernel_log, self._kernel
         if source is None or ledger is None:
             return gpu, None

@@ -15,9 +15,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from exporter.exposition import COUNTER, GAUGE, HISTOGRAM, INFO, Family, escape_label_value
-from exporter.node import xid as xid_catalog
-from exporter.snapshot import GpuReading, NodeSnapshot, NvLinkReading, PodRef
+from exporter.core import xid as xid_catalog
+from exporter.core.exposition import (
+    COUNTER,
+    GAUGE,
+    HISTOGRAM,
+    INFO,
+    Family,
+    escape_label_value,
+)
+from exporter.core.snapshot import (
+    GpuReading,
+    NodeSnapshot,
+    NvLinkReading,
+    PodRef,
+)
 
 NO_POD = PodRef("", "", "")
 VERSION = "0.1.0"

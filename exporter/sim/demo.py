@@ -17,7 +17,7 @@ from typing import TextIO
 
 from exporter.cluster.run import controller_from_mapping, kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService
-from exporter.cluster.views import status_of
+from exporter.cluster.views.workloads import status_of
 from exporter.sim.demo_prometheus import DEFAULT_PORT, DemoPrometheus, start_prometheus
 from exporter.sim.environment import NodeAgentFleet, SimulatedEnvironment
 from exporter.sim.faults import Fault

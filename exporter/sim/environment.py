@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from exporter.core.snapshot import NodeSnapshot, PodRef
 from exporter.node.agent import NodeAgent
 from exporter.node.poller import NodeSources, Poller
 from exporter.node.serving import MetricsServer
@@ -22,11 +23,10 @@ from exporter.sim.faults import Fault
 from exporter.sim.hardware.node import SimulatedNode
 from exporter.sim.hardware.profiles import get_profile
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
-from exporter.snapshot import NodeSnapshot, PodRef
 from exporter.sources.kubeapi import KubeApi
-from healthcheck.config import HealthConfig
-from healthcheck.monitor import HealthMonitor
-from healthcheck.reporter import NodeReporter
+from healthcheck.detection.config import HealthConfig
+from healthcheck.detection.monitor import HealthMonitor
+from healthcheck.detection.reporter import NodeReporter
 
 log = logging.getLogger(__name__)
 

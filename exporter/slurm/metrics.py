@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from exporter.cluster.metrics import workload_placement_families
-from exporter.exposition import GAUGE, Family
-from exporter.slurm.jobs import SlurmJob
+from exporter.core.exposition import GAUGE, Family
+from exporter.core.placement_metrics import workload_placement_families
 from exporter.slurm.placement import JobPlacement, NodeState, judge_all
+from exporter.sources.slurm.jobs import SlurmJob
 from exporter.topology.labels import Placement
 
 __all__ = ["DEFAULT_JOB_CAP", "render", "slurm_families"]

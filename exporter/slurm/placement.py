@@ -1,7 +1,7 @@
 """Where Slurm jobs landed on the topology, and why pending ones wait: pure, data in and out.
 
 A running job's nodes are judged exactly as the Kueue side judges a workload's
-(`exporter.cluster.analysis.locality`): distinct domains per level, the worst pair's hops by
+(`exporter.topology.locality`): distinct domains per level, the worst pair's hops by
 `exporter.topology.labels.hops` (links on the path, climbing from each node to the lowest network
 node both share: same leaf -> 2 with three layers, same layer-2 -> 4, same layer-1 -> 6), and the
 one UltraServer holding every node, if any.
@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from exporter.cluster.analysis import locality
-from exporter.slurm.jobs import SlurmJob
+from exporter.sources.slurm.jobs import SlurmJob
 from exporter.topology.labels import NETWORK_LEVELS, Placement
+from exporter.topology.locality import locality
 
 __all__ = [
     "BLOCKING_FLAGS",
@@ -199,7 +199,7 @@ BLOCKING_FLAGS = frozenset(
 
 
 class NodeState(Protocol):
-    """What this module reads of a node (exporter.slurm.nodes.SlurmNode has it)."""
+    """What this module reads of a node (exporter.sources.slurm.nodes.SlurmNode has it)."""
 
     @property
     def name(self) -> str: ...

@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from exporter.snapshot import (
+from exporter.core.snapshot import (
     CUSTOM_OK,
     CUSTOM_PROBLEM,
     CUSTOM_RESULTS,

@@ -9,7 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from exporter.snapshot import CustomCheckReading, GpuInventory, KernelLogBatch, PodRef
+from exporter.core.snapshot import (
+    CustomCheckReading,
+    GpuInventory,
+    KernelLogBatch,
+    PodRef,
+)
 
 
 class SourceError(Exception):

@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from exporter.snapshot import KernelLogBatch, KernelLogRecord
+from exporter.core.snapshot import KernelLogBatch, KernelLogRecord
 from exporter.sources.interfaces import KernelLogSource, SourceError
 
 log = logging.getLogger(__name__)
@@ -284,7 +284,7 @@ class KmsgSource:
     ) -> None:
         """`keep`, when given, is asked about each raw record: a record it refuses is counted
         (`KernelLogBatch.skipped`) and its seq accounted for, but not parsed nor handed out.
-        The pattern table's cheap gate (exporter/node/kernel_log.py `record_may_match`) goes
+        The pattern table's cheap gate (exporter/node/kernel/patterns.py `record_may_match`) goes
         here: at a thousand lines a second, parsing lines no pattern can match is most of the
         work left besides the read itself."""
         if max_records_per_read < 1:

@@ -56,7 +56,7 @@ from typing import Any, Literal, Protocol
 import kubernetes.client
 import urllib3.exceptions
 
-from exporter.exposition import COUNTER, GAUGE, Family
+from exporter.core.exposition import COUNTER, GAUGE, Family
 
 __all__ = [
     "JITTER_FACTOR",
@@ -93,7 +93,7 @@ class ElectionConfig:
 
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
-    retry_period: float = 0.4  # client-go's is 2 s; see exporter/cluster/leader_args.py
+    retry_period: float = 0.4  # client-go's is 2 s; see exporter/cluster/leader/args.py
     release_on_cancel: bool = False
 
     def __post_init__(self) -> None:

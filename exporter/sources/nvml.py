@@ -31,7 +31,7 @@ driver load: what DCGM's `DCGM_FI_DEV_*_VIOLATION` fields read.
 
 Fabric registration (`nvmlDeviceGetGpuFabricInfoV`, else `nvmlDeviceGetGpuFabricInfo`): the
 probe state, and when COMPLETED its `status` (nvml.h: "Error status, if any. Must be checked
-only if state returns 'complete'") and, from v2 on, the `healthMask`; healthcheck/checks/
+only if state returns 'complete'") and, from v2 on, the `healthMask`; healthcheck/detection/checks/
 fabric.py judges them.
 
 XIDs arrive on a background thread (`start()`) waiting on an NVML event set; `read()` drains
@@ -58,7 +58,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.snapshot import (
+from exporter.core.snapshot import (
     CLOCK_EVENT_REASONS,
     NVML_DEPLOYMENT,
     NVML_HARDWARE,

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from exporter.snapshot import PodRef
+from exporter.core.snapshot import PodRef
 from exporter.sources.interfaces import SourceError
 from exporter.sources.podresources_pb import api_pb2, api_pb2_grpc
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from exporter.snapshot import (
+from exporter.core.snapshot import (
     EfaDeviceReading,
     EfaNetdevReading,
     EfaPortReading,

@@ -32,17 +32,13 @@ from exporter.cluster.objects import (
     Taint,
     Toleration,
 )
+from exporter.core.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, Finding
 from exporter.topology.labels import (
     DEEP_HEALTH_CHECK_KEY,
     DEEP_HEALTH_PASSED,
     DEEP_HEALTH_UNAVAILABLE,
     HEALTH_STATUS_KEY,
     PROVIDER_ID_PREFIX,
-)
-from healthcheck.findings import (
-    FINDINGS_ANNOTATION,
-    HEALTH_CONDITION,
-    Finding,
 )
 
 log = logging.getLogger(__name__)

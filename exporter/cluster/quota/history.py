@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from exporter.cluster.capacity.placement import place
-from exporter.cluster.metrics import cohort_exchange
+from exporter.cluster.metrics.render import cohort_exchange
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import PodSetRequest, Workload
 

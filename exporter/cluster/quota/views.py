@@ -12,7 +12,7 @@ from typing import Any
 
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.quota.advisor import KINDS, REASONS, Recommendation
-from exporter.exposition import GAUGE, Family
+from exporter.core.exposition import GAUGE, Family
 
 
 def recommendations_view(recs: Iterable[Recommendation]) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from exporter.cluster import views
 from exporter.cluster.explain import explain_text, job_text
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import Node, Pod
@@ -26,6 +25,7 @@ from exporter.cluster.ui.svg import (
     topology_svg,
     workload_href,
 )
+from exporter.cluster.views import workloads as views
 from exporter.topology.tree import render_tree
 
 __all__ = [

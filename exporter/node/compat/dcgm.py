@@ -27,10 +27,15 @@ from collections.abc import Callable
 from functools import lru_cache
 from operator import attrgetter
 
-from exporter.exposition import GAUGE, UNTYPED, Family, escape_label_value
+from exporter.core.exposition import (
+    GAUGE,
+    UNTYPED,
+    Family,
+    escape_label_value,
+)
+from exporter.core.snapshot import GpuReading, NodeSnapshot, PodRef
 from exporter.node.compat import lines
 from exporter.node.render import NO_POD, profiling_ratio
-from exporter.snapshot import GpuReading, NodeSnapshot, PodRef
 
 MIB = 1024 * 1024
 

@@ -9,9 +9,14 @@ here, which PromQL treats the same (`rate()` works) and which lints clean.
 
 from __future__ import annotations
 
-from exporter.exposition import GAUGE, UNTYPED, Family, escape_label_value
+from exporter.core.exposition import (
+    GAUGE,
+    UNTYPED,
+    Family,
+    escape_label_value,
+)
+from exporter.core.snapshot import NodeSnapshot
 from exporter.node.compat import lines
-from exporter.snapshot import NodeSnapshot
 
 
 def render(snapshot: NodeSnapshot) -> list[Family]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-from exporter.exposition import Family, format_value
+from exporter.core.exposition import Family, format_value
 
 Spec = tuple[str, str, str]  # family name, kind, help
 Value = float | int | None

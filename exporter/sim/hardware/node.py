@@ -13,14 +13,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from exporter.node.kernel_log import record_may_match
+from exporter.core.snapshot import PodRef
+from exporter.node.kernel.patterns import record_may_match
 from exporter.node.poller import NodeSources
 from exporter.sim.faults import EFA_FAULTS, Fault, FaultSpecError
 from exporter.sim.hardware.kmsg import SimKernelLog
 from exporter.sim.hardware.nvml import SimulatedNvml
 from exporter.sim.hardware.profiles import HardwareProfile
 from exporter.sim.hardware.sysfs import SimulatedSysfs
-from exporter.snapshot import PodRef
 from exporter.sources.kmsg import KmsgSource
 from exporter.sources.kube import StaticNodeLabels
 from exporter.sources.nvml import NvmlGpuSource
@@ -130,7 +130,7 @@ class SimulatedNode:
 
     def _log_lines(self, fault: Fault) -> list[str]:
         """The lines the real drivers print for `fault` (formats cited in
-        exporter/data/kernel-log-patterns.csv); none for faults only NVML or sysfs show."""
+        exporter/core/data/kernel-log-patterns.csv); none for faults only NVML or sysfs show."""
         if fault.gpu is not None:
             address = self.profile.gpus[fault.gpu].sysfs_address
             nvrm = address.rsplit(".", 1)[0]  # NVRM prints the address without its function

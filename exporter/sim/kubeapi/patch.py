@@ -16,7 +16,7 @@ from typing import Any
 
 import jsonpatch
 
-from exporter.mergepatch import merge_patch
+from exporter.core.mergepatch import merge_patch
 
 __all__ = ["PatchError", "json_patch", "merge_patch"]
 

@@ -1,0 +1,2 @@
+"""Two replicas, one actor: leader election on a Lease (election) and its flags (args,
+parser-only)."""

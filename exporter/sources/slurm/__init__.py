@@ -1,0 +1,1 @@
+"""Slurm at the edge: the squeue/sinfo/scontrol wrapper and the parsers of what they print."""

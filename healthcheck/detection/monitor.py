@@ -1,0 +1,219 @@
+"""The node agent's health state across polls: checks, damping and XID memory in one place.
+
+The poller calls `observe(snapshot)` once per poll, before rendering, and renders `families()`
+into the same exposition, so health series and hardware series always describe the same poll
+and NVML is read once. Everything per-node that outlives a poll lives here: the previous
+snapshot (for rates), when each finding began, the damping windows, the XID memory, and the
+counters of checks run, failed and reports written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exporter.core.exposition import COUNTER, GAUGE, Family
+from exporter.core.findings import Finding, worst_first
+from exporter.core.snapshot import NodeSnapshot
+from healthcheck.detection.checks import (
+    FAMILIES,
+    Check,
+    History,
+    run_check_families,
+)
+from healthcheck.detection.checks.base import collector_ok
+from healthcheck.detection.checks.xid_memory import XidMemory, remember
+from healthcheck.detection.config import HealthConfig
+from healthcheck.detection.damping import Damper
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReport:
+    """The verdict of one poll: every active finding, worst first, with `actionable` set."""
+
+    node: str
+    taken_at: float
+    findings: tuple[Finding, ...]
+    failed_checks: tuple[tuple[str, str], ...] = ()  # (family, error)
+
+    @property
+    def actionable(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.actionable)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.actionable
+
+
+class HealthMonitor:
+    """Runs the checks on each snapshot and keeps what they need between polls.
+
+    `observe` is called from the poll thread only; `count_report` and `families` may be
+    called from others (the reporter's thread, a test).
+    """
+
+    def __init__(
+        self,
+        config: HealthConfig | None = None,
+        families: Sequence[tuple[str, Check]] = FAMILIES,
+    ) -> None:
+        self.config = config or HealthConfig()
+        self._families = tuple(families)
+        self._damper = Damper(self.config)
+        self._previous: NodeSnapshot | None = None
+        self._onset: dict[tuple[str, str], float] = {}
+        self._known_gpus: frozenset[int] = frozenset()
+        self._known_efa: frozenset[str] = frozenset()
+        self._gpu_first_seen: dict[str, float] = {}  # GPU UUID -> first poll that read it up
+        self._xids = XidMemory()
+        self._failing: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._runs: dict[str, int] = {}
+        self._errors: dict[str, int] = {}
+        self._report_counts: dict[tuple[str, str], int] = {}  # (outcome, kind|reason) -> n
+        self.last: HealthReport | None = None
+
+    def observe(self, snapshot: NodeSnapshot) -> HealthReport:
+        now = snapshot.taken_at
+        try:
+            self._xids = remember(
+                self._xids, snapshot.gpu.xid_events, snapshot.pods, self.config.xid, now
+            )
+        except Exception:  # malformed events: keep the memory we had, say so once
+            self._note_failure("xid_memory", "could not record XID events", exc_info=True)
+        history = History(
+            previous=self._previous,
+            onset=dict(self._onset),
+            known_gpus=self._known_gpus,
+            known_efa=self._known_efa,
+            gpu_first_seen=self._first_seen_gpus(snapshot, now),
+            xids=self._xids,
+        )
+        run = run_check_families(snapshot, history, self.config, now, self._families)
+        failed = dict(run.failed)
+        for name in run.ran:
+            if name in failed:
+                self._note_failure(name, failed[name])
+            elif self._failing.pop(name, None) is not None:
+                log.info("health check %s recovered", name)
+        findings = worst_first(self._damper.update(run.findings))
+        self._log_changes(findings)
+        self._onset = {f.key: f.first_seen for f in findings}
+        self._remember_inventory(snapshot)
+        self._previous = snapshot
+        with self._lock:
+            for name in run.ran:
+                self._runs[name] = self._runs.get(name, 0) + 1
+            for name in failed:
+                self._errors[name] = self._errors.get(name, 0) + 1
+        report = HealthReport(snapshot.node, now, tuple(findings), run.failed)
+        self.last = report
+        return report
+
+    def count_report(self, outcome: str, label: str) -> None:
+        """Count a reporter outcome: ("written", "condition"), ("error", "unavailable")..."""
+        with self._lock:
+            key = (outcome, label)
+            self._report_counts[key] = self._report_counts.get(key, 0) + 1
+
+    def report_count(self, outcome: str, label: str) -> int:
+        with self._lock:
+            return self._report_counts.get((outcome, label), 0)
+
+    def families(self, node: str | None = None) -> list[Family]:
+        """Health series for /metrics: one sample per active finding (bounded by checks x
+        components), per-family run and error counters, and the reporter's counters."""
+        report = self.last
+        name = node or (report.node if report is not None else "")
+        finding = Family(
+            "topowatch_health_finding",
+            GAUGE,
+            "1 while a health check finding is active on this component.",
+        )
+        actionable = Family(
+            "topowatch_health_finding_actionable",
+            GAUGE,
+            "1 when an active finding passed damping and recommends an action, else 0.",
+        )
+        healthy = Family(
+            "topowatch_health_node_healthy",
+            GAUGE,
+            "1 when no finding on this node is actionable.",
+        )
+        runs = Family("topowatch_health_checks", COUNTER, "Health check family runs.")
+        errors = Family(
+            "topowatch_health_check_errors",
+            COUNTER,
+            "Health check family runs that raised (the family reported nothing that poll).",
+        )
+        writes = Family(
+            "topowatch_health_report_writes",
+            COUNTER,
+            "Node condition, annotation and Event writes to the Kubernetes API.",
+        )
+        report_errors = Family(
+            "topowatch_health_report_errors",
+            COUNTER,
+            "Failed attempts to report node health to the Kubernetes API, by reason.",
+        )
+        if report is not None:
+            for f in report.findings:
+                base = [("node", name), ("check", f.check), ("component", f.component)]
+                finding.add([*base, ("severity", f.severity), ("action", f.action)], 1)
+                actionable.add(base, int(f.actionable))
+            healthy.add([("node", name)], int(report.healthy))
+        with self._lock:
+            for family, n in sorted(self._runs.items()):
+                runs.add([("node", name), ("check", family)], n)
+                errors.add([("node", name), ("check", family)], self._errors.get(family, 0))
+            for (outcome, label), n in sorted(self._report_counts.items()):
+                if outcome == "written":
+                    writes.add([("node", name), ("kind", label)], n)
+                else:
+                    report_errors.add([("node", name), ("reason", label)], n)
+        return [finding, actionable, healthy, runs, errors, writes, report_errors]
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _note_failure(self, name: str, message: str, exc_info: bool = False) -> None:
+        """Log a failing check once, and again only if its error changes."""
+        if self._failing.get(name) == message:
+            return
+        self._failing[name] = message
+        log.warning(
+            "health check %s failed: %s (it reports nothing)", name, message, exc_info=exc_info
+        )
+        with self._lock:
+            self._errors.setdefault(name, 0)
+
+    def _log_changes(self, findings: list[Finding]) -> None:
+        before = {f.key for f in self.last.actionable} if self.last is not None else set()
+        for f in findings:
+            if f.actionable and f.key not in before:
+                log.warning(
+                    "health: %s on %s is actionable (%s, %s): %s",
+                    f.check,
+                    f.component,
+                    f.severity,
+                    f.action,
+                    f.evidence,
+                )
+        now = {f.key for f in findings if f.actionable}
+        for check, component in sorted(before - now):
+            log.info("health: %s on %s cleared", check, component)
+
+    def _first_seen_gpus(self, snapshot: NodeSnapshot, now: float) -> dict[str, float]:
+        for g in snapshot.gpu.gpus:
+            if g.up:
+                self._gpu_first_seen.setdefault(g.uuid, now)
+        return dict(self._gpu_first_seen)
+
+    def _remember_inventory(self, snapshot: NodeSnapshot) -> None:
+        if snapshot.gpu.available and collector_ok(snapshot, "gpu"):
+            self._known_gpus |= {g.index for g in snapshot.gpu.gpus}
+        if collector_ok(snapshot, "efa"):
+            self._known_efa |= {d.device for d in snapshot.efa}

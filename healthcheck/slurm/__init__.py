@@ -1,1 +1,0 @@
-"""The Slurm remediation controller: node agents polled over HTTP, the shared policy, scontrol."""
