@@ -39,7 +39,7 @@ from benchmarks._procs import exit_on_sigterm
 from exporter.cluster.leader.args import LEASE_DURATION_S, RENEW_DEADLINE_S, RETRY_PERIOD_S
 from exporter.sim.cluster import ClusterShape
 from exporter.sim.environment import SimulatedEnvironment
-from tests.test_failover import PENDING_REBOOT, FailoverRig, LeaseWatch, Replica, wait_for
+from tests.cluster.test_failover import PENDING_REBOOT, FailoverRig, LeaseWatch, Replica, wait_for
 
 
 def decisions(replica: Replica, node: str) -> list[dict[str, object]]:

@@ -31,7 +31,7 @@ Exit status: 0 whatever the table says; 2 when nvidia-smi or NVML is absent or d
 
 The parsing and the comparison (`parse_smi_xml`, `parse_nvlink_status`, `parse_exposition`,
 `compare`, `xid_rows`, `render_table`) take plain text and data and run no process, so
-tests/test_gpu_check.py runs them on recorded output.
+tests/node/test_gpu_check.py runs them on recorded output.
 """
 
 from __future__ import annotations

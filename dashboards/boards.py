@@ -1,5 +1,5 @@
 """The six topowatch dashboards. Each answers one question (README, "## Dashboards"); every
-query reads only series topowatch exposes (tests/test_dashboards.py checks that) plus
+query reads only series topowatch exposes (tests/deploy/test_dashboards.py checks that) plus
 Prometheus' own `up`."""
 
 from __future__ import annotations

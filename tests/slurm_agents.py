@@ -3,7 +3,7 @@
 Each server answers `/api/v1/health` the way `topowatch node` does (exporter/node/health_api.py:
 bearer token, 503 before ready, `{"node", "generated_at", "ready", "findings"}`), or misbehaves
 the way a broken host does (garbage, a hang, a wrong token, another node's name). The real agent's
-endpoint is tested against the same contract in tests/test_node_host.py.
+endpoint is tested against the same contract in tests/node/test_node_host.py.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ DEFAULT_NODE_PORT = 9402
 DEFAULT_CLUSTER_PORT = 9403
 ONCE_SETTLE_SECONDS = 1.0
 # Named here rather than read from exporter.sim, so that a node agent on real hardware never
-# loads the simulation; tests/test_cli.py checks the list against the simulation's profiles.
+# loads the simulation; tests/cli/test_cli.py checks the list against the simulation's profiles.
 SIMULATED_PROFILES = ("p5.48xlarge", "p6e-gb200.36xlarge")
 
 

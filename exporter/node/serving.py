@@ -38,7 +38,7 @@ from exporter.node.health_api import (
 log = logging.getLogger(__name__)
 
 # A handler's socket timeout: longer than the longest long-poll (`MAX_WAIT_S`, 25 s), so a
-# held /api/v1/health answer is never cut by it (tests/test_node_host.py checks the order).
+# held /api/v1/health answer is never cut by it (tests/node/test_node_host.py checks the order).
 HANDLER_TIMEOUT_S = 30
 
 

@@ -1,10 +1,10 @@
 """The leader election flags of `topowatch cluster`, apart from the elector itself.
 
 Building the command line must stay cheap: `topowatch node` builds the same parser on every GPU
-node, and the elector pulls in the Kubernetes client. So the flags (client-go's names; its
-defaults for lease duration 15 s and renew deadline 10 s; `ElectionConfig` in
-exporter/sources/lease.py has the same defaults, and tests/test_leader_election.py checks that
-they agree) live here, importing nothing but argparse.
+node, and the elector pulls in the Kubernetes client. So the flags (client-go's names; its defaults
+for lease duration 15 s and renew deadline 10 s; `ElectionConfig` in exporter/sources/lease.py has
+the same defaults, and tests/cluster/test_leader_election.py checks that they agree) live here,
+importing nothing but argparse.
 
 The retry period is 0.4 s, not client-go's 2 s. A standby counts the lease from when it saw the
 last renewal, at one of its jittered retries (retry period x [1, 2.2)), and takes over at the

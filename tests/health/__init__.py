@@ -1,0 +1,1 @@
+"""Health detection: checks, the monitor and its damping, the reporter, provenance."""

@@ -1,0 +1,278 @@
+"""Bad input at every edge of the node agent: it says why (log + metric) and keeps serving.
+
+Each test swaps one simulated source for the real production one pointed at something broken
+(no NVML library, no kubelet socket, a slow kubelet, no API server, no sysfs) and checks that
+the rest of the exposition is intact and the failure is counted under its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from exporter.node.poller import NodeSources, Poller
+from exporter.sources.kube import NodeLabelsWatcher, StaticNodeLabels
+from exporter.sources.kubeapi import KubeApi
+from exporter.sources.nvml import NvmlGpuSource
+from exporter.sources.podresources import KubeletPodResources
+from exporter.sources.podresources_pb import api_pb2_grpc
+from tests.conftest import SimHarness, promtool_lint
+from tests.node.test_node_agent import one, series
+from tests.podresources_server import FakeKubelet, list_response, pod
+
+Sim = Callable[..., SimHarness]
+
+
+class ExplodingLabels:
+    """A labels source with a bug in it: raises something no source is meant to."""
+
+    def labels(self) -> dict[str, str]:
+        raise RuntimeError("boom")
+
+    def drain_errors(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def _poll_with(h: SimHarness, **replace: object) -> dict[str, list[tuple[dict[str, str], float]]]:
+    for key, value in replace.items():
+        setattr(h.sources, key, value)
+    h.poll()
+    _, exposition = h.poll()
+    assert promtool_lint(exposition.text) == ""
+    return series(exposition.text)
+
+
+def test_no_nvml_library_keeps_the_other_collectors(sim: Sim) -> None:
+    h = sim("p5.48xlarge")
+    real_nvml = NvmlGpuSource()  # the real pynvml: this machine has no libnvidia-ml
+    try:
+        found = _poll_with(h, gpu=real_nvml)
+    finally:
+        real_nvml.close()
+    assert one(found, "topowatch_nvml_up") == 0
+    assert one(found, "topowatch_gpus") == 0
+    assert "topowatch_gpu_up" not in found
+    assert one(found, "topowatch_exporter_collector_success", collector="gpu") == 0
+    assert (
+        one(
+            found,
+            "topowatch_exporter_collector_errors_total",
+            collector="gpu",
+            reason="nvml_unavailable",
+        )
+        == 2
+    )
+    assert one(found, "topowatch_efa_devices") == 32
+    assert one(found, "topowatch_exporter_collector_success", collector="efa") == 1
+
+
+def test_missing_kubelet_socket_is_counted_and_gpus_still_exported(
+    sim: Sim, tmp_path: Path
+) -> None:
+    h = sim("p5.48xlarge")
+    pods = KubeletPodResources(str(tmp_path / "absent.sock"))
+    found = _poll_with(h, pods=pods)
+    assert len(found["topowatch_gpu_up"]) == 8
+    assert all(lab["pod"] == "" for lab, _ in found["topowatch_gpu_up"])
+    assert (
+        one(
+            found,
+            "topowatch_exporter_collector_errors_total",
+            collector="podresources",
+            reason="unavailable",
+        )
+        == 2
+    )
+    assert one(found, "topowatch_exporter_collector_success", collector="podresources") == 0
+
+
+def test_slow_kubelet_times_out_within_its_bound(sim: Sim, monkeypatch: pytest.MonkeyPatch) -> None:
+    deadlines: list[float | None] = []  # of every List call, which still goes to the kubelet
+    real_stub = api_pb2_grpc.PodResourcesListerStub
+
+    class RecordingStub:
+        def __init__(self, channel: Any) -> None:
+            self._stub = real_stub(channel)
+
+        def List(self, request: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+            deadlines.append(timeout)
+            return self._stub.List(request, timeout=timeout, **kwargs)
+
+    monkeypatch.setattr(api_pb2_grpc, "PodResourcesListerStub", RecordingStub)
+    h = sim("p5.48xlarge")
+    with FakeKubelet(list_response(), delay_seconds=5.0) as kubelet:
+        pods = KubeletPodResources(kubelet.socket_path, timeout_seconds=0.3)
+        found = _poll_with(h, pods=pods)
+        pods.close()
+    # Two polls, each bounded by the 0.3 s timeout, not the 5 s delay: a call that waited the
+    # delay out would have got the (empty) answer, not a timeout.
+    assert deadlines == [0.3, 0.3]
+    assert (
+        one(
+            found,
+            "topowatch_exporter_collector_errors_total",
+            collector="podresources",
+            reason="timeout",
+        )
+        == 2
+    )
+    assert len(found["topowatch_gpu_power_watts"]) == 8
+
+
+def test_pods_from_a_real_kubelet_grpc_server_label_the_gpu_series(sim: Sim) -> None:
+    h = sim("p5.48xlarge")
+    uuids = [h.node.nvml.uuid_of(i) for i in range(8)]
+    response = list_response(
+        pod("hyperpod-ns-vision", "vit-train-0", {"trainer": {"nvidia.com/gpu": uuids[:2]}}),
+        pod(
+            "hyperpod-ns-nlp",
+            "llm-sft-3",
+            {
+                "main": {"nvidia.com/gpu": uuids[4:8], "vpc.amazonaws.com/efa": ["rdmap16s27"]},
+                "sidecar": {},
+            },
+        ),
+    )
+    with FakeKubelet(response) as kubelet:
+        pods = KubeletPodResources(kubelet.socket_path)
+        found = _poll_with(h, pods=pods)
+        pods.close()
+    held = {
+        lab["gpu"]: (lab["namespace"], lab["pod"], lab["container"])
+        for lab, _ in found["topowatch_gpu_up"]
+    }
+    assert held["0"] == held["1"] == ("hyperpod-ns-vision", "vit-train-0", "trainer")
+    assert held["2"] == held["3"] == ("", "", "")
+    assert {held[str(i)] for i in range(4, 8)} == {("hyperpod-ns-nlp", "llm-sft-3", "main")}
+    power = {lab["gpu"]: lab["pod"] for lab, _ in found["topowatch_gpu_power_watts"]}
+    assert power["5"] == "llm-sft-3"  # every per-GPU family carries the pod, not just up
+
+
+def test_kubelet_refusing_permission_is_counted(sim: Sim) -> None:
+    h = sim("p5.48xlarge")
+    with FakeKubelet(list_response(), abort_code=grpc.StatusCode.PERMISSION_DENIED) as kubelet:
+        pods = KubeletPodResources(kubelet.socket_path)
+        found = _poll_with(h, pods=pods)
+        pods.close()
+    assert (
+        one(
+            found,
+            "topowatch_exporter_collector_errors_total",
+            collector="podresources",
+            reason="permission",
+        )
+        == 2
+    )
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed when the with block ends: nothing listens
+
+
+def test_unreachable_api_server_keeps_serving_with_empty_topology(sim: Sim) -> None:
+    h = sim("p5.48xlarge")
+    api = KubeApi(host=f"http://127.0.0.1:{_closed_port()}")
+    watcher = NodeLabelsWatcher(
+        "sim-node-1", api=api, refresh_seconds=0.05, initial_backoff_seconds=0.05
+    )
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 10
+        while watcher.errors_total == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        found = _poll_with(h, labels=watcher)
+    finally:
+        watcher.close()
+    topo = found["topowatch_node_topology_info"]
+    assert len(topo) == 1 and topo[0][0]["layer1"] == ""  # still joinable on node, just unlabelled
+    assert (
+        one(
+            found,
+            "topowatch_exporter_collector_errors_total",
+            collector="topology",
+            reason="unavailable",
+        )
+        >= 2
+    )
+    assert len(found["topowatch_gpu_up"]) == 8
+
+
+def test_labels_kept_when_the_api_fails_after_a_good_read(sim: Sim) -> None:
+    h = sim("p5.48xlarge")
+    labels = StaticNodeLabels(dict(h.node.profile.topology_labels))
+    found = _poll_with(h, labels=labels)
+    assert found["topowatch_node_topology_info"][0][0]["layer3"].startswith("nn-")
+    labels.set(
+        {
+            **dict(h.node.profile.topology_labels),
+            "topology.k8s.aws/network-node-layer-3": "nn-moved",
+        }
+    )
+    _, exposition = h.poll()
+    assert series(exposition.text)["topowatch_node_topology_info"][0][0]["layer3"] == "nn-moved"
+
+
+def test_missing_sysfs_and_proc_roots_are_survivable(sim: Sim, tmp_path: Path) -> None:
+    h = sim("p5.48xlarge")
+    found = _poll_with(h, sysfs_root=tmp_path / "no-sys", proc_root=tmp_path / "no-proc")
+    assert one(found, "topowatch_efa_devices") == 0
+    assert len(found["topowatch_gpu_up"]) == 8
+    assert "topowatch_node_rootfs_read_only" not in found
+
+
+def test_a_collector_that_raises_is_isolated_and_logged(sim: Sim, caplog: object) -> None:
+    h = sim("p5.48xlarge")
+    found = _poll_with(h, labels=ExplodingLabels())
+    assert (
+        one(
+            found,
+            "topowatch_exporter_collector_errors_total",
+            collector="topology",
+            reason="exception",
+        )
+        == 2
+    )
+    assert len(found["topowatch_gpu_up"]) == 8
+
+
+def test_poller_rejects_unknown_compat_modes(sim: Sim) -> None:
+    h = sim("p5.48xlarge")
+    sources: NodeSources = h.sources
+    try:
+        Poller("n", sources, compat=frozenset({"dcgmx"}))
+    except ValueError as e:
+        assert "dcgmx" in str(e)
+    else:
+        raise AssertionError("unknown compat mode accepted")
+
+
+def test_persistent_failures_are_logged_once_not_every_poll(
+    sim: Sim, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = sim("p5.48xlarge")
+    real_nvml = NvmlGpuSource()
+    h.sources.gpu, h.sources.labels = real_nvml, ExplodingLabels()
+    caplog.set_level(logging.INFO, logger="exporter.node.poller")
+    try:
+        for _ in range(4):
+            h.poll()
+    finally:
+        real_nvml.close()
+    lines = [r for r in caplog.records if r.name == "exporter.node.poller"]
+    failing = [r.getMessage() for r in lines if "failing" in r.getMessage()]
+    assert len(failing) == 2, failing  # gpu and topology, once each
+    assert not [r for r in lines if "recovered" in r.getMessage()]
+    tracebacks = [r for r in lines if r.exc_info]
+    assert len(tracebacks) == 1  # the unexpected exception, with its traceback, once

@@ -1,0 +1,1 @@
+"""Remediation: policy, controller, lifecycle, providers, the deep-check rung, end to end."""

@@ -1,0 +1,1 @@
+"""The simulation: the simulated API server, cluster, elastic jobs, the demo."""

@@ -1,0 +1,1 @@
+"""Slurm: placement, the slurm-controller, packaging."""

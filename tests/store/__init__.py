@@ -1,0 +1,1 @@
+"""The durable history store and its writer."""

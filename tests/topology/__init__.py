@@ -1,0 +1,1 @@
+"""The topology tree, EC2 topology and Slurm topology files."""
