@@ -40,6 +40,7 @@ from exporter.core.provenance import screen_node
 from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY
 from healthcheck.remediation.alerts import AlertSignal, ParsedAlerts
 from healthcheck.remediation.audit import Auditor, AuditRecord, node_event
+from healthcheck.remediation.fanout import Outcome, deep_checks, fan_out
 from healthcheck.remediation.node_report import NodeReport, report_of
 from healthcheck.remediation.policy import (
     HYPERPOD_HEALTH,
@@ -63,12 +64,7 @@ from healthcheck.remediation.policy import (
     settle,
     strongest,
 )
-from healthcheck.remediation.providers.base import (
-    ActionRequest,
-    ActionResult,
-    Provider,
-    executable,
-)
+from healthcheck.remediation.providers.base import ActionRequest, Provider
 from healthcheck.remediation.state import (
     ACTIONS,
     Action,
@@ -204,6 +200,17 @@ class _NodeView:
         firing = [a for a in self.alerts.values() if a.action is not None]
         onsets = [t for t in [self.report.onset, *(a.starts_at for a in firing)] if t is not None]
         return min(onsets, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """One decided action before the providers are called: its `requested` state, its request,
+    and what settling it needs (the node's state before, the ladder steps behind it)."""
+
+    state: RemediationState
+    request: ActionRequest
+    prior: RemediationState | None
+    rungs: tuple[Rung, ...]
 
 
 class RemediationController:
@@ -647,18 +654,32 @@ class RemediationController:
     def _act(
         self, acts: list[tuple[Decision, _NodeView]], now: float, records: list[AuditRecord]
     ) -> None:
-        planned: list[tuple[RemediationState, ActionRequest]] = []
-        priors: dict[str, tuple[LadderMark, ...]] = {}
-        rungs: dict[str, tuple[Rung, ...]] = {}
+        planned = self._plan(acts, now)
+        # No record of it → no action (a restart could repeat it).
+        stored = self._store_many([(p.request.node, p.state) for p in planned], now, records)
+        ready = [p.request for p in planned if p.request.node in stored]
+        if not ready:
+            return
+        self._record_to_action(acts, self.clock())
+        outcomes = fan_out(self.providers, ready)
+        plans = {p.request.node: p for p in planned}
+        finals: list[tuple[str, RemediationState]] = []
+        for request in ready:
+            final = self._settle_outcome(plans[request.node], outcomes[request.node], now, records)
+            if final is not None:
+                finals.append((request.node, final))
+        self._store_many(finals, now, records)
+
+    def _plan(self, acts: list[tuple[Decision, _NodeView]], now: float) -> list[_Planned]:
+        """Each decided action's `requested` state (attempt counted, ladder step marked, deep
+        check recorded) and its provider request, in the order of `acts`."""
+        planned: list[_Planned] = []
         ladder = self.config.ladder
-        prior_states: dict[str, RemediationState | None] = {}
         for decision, view in acts:
             assert decision.action is not None
             with self._lock:
                 prior = self._states.get(decision.node)
-            prior_states[decision.node] = prior
-            priors[decision.node] = prior.ladder if prior is not None else ()
-            rungs[decision.node] = decision.rungs
+            priors = prior.ladder if prior is not None else ()
             checking = decision.action == "deep-check"
             attempts = prior.attempts if prior is not None else 0
             state = RemediationState(
@@ -670,9 +691,7 @@ class RemediationController:
                 attempts=attempts if checking else attempts + 1,
                 outcome="requested",
                 # Marked before the call: after a crash here the step counts as taken.
-                ladder=mark_ladder(
-                    priors[decision.node], decision.rungs, decision.action, ladder, now
-                ),
+                ladder=mark_ladder(priors, decision.rungs, decision.action, ladder, now),
                 # Before the call, with the label as it is now: a restart waits for this check.
                 deep_check=(
                     DeepCheck(now, self._deep_checks(), view.report.deep_health)
@@ -680,15 +699,13 @@ class RemediationController:
                     else (prior.deep_check if prior is not None else None)
                 ),
             )
-            planned.append(
-                (state, ActionRequest(decision.node, decision.action, view.obj, decision.as_dict()))
-            )
-        # No record of it → no action (a restart could repeat it).
-        stored = self._store_many([(r.node, state) for state, r in planned], now, records)
-        ready = [r for _, r in planned if r.node in stored]
-        if not ready:
-            return
-        called = self.clock()
+            request = ActionRequest(decision.node, decision.action, view.obj, decision.as_dict())
+            planned.append(_Planned(state, request, prior, decision.rungs))
+        return planned
+
+    def _record_to_action(self, acts: list[tuple[Decision, _NodeView]], called: float) -> None:
+        """Observe each action's seconds from the failure's first sighting to the provider call
+        (topowatch_remediation_detection_to_action_seconds)."""
         with self._lock:
             for decision, view in acts:
                 onset = view.onset()
@@ -699,81 +716,45 @@ class RemediationController:
                         if seconds <= bound:
                             counts[i] += 1
                     self._to_action[decision.action] = (counts, total + seconds, n + 1)
-        results: dict[str, list[ActionResult]] = {r.node: [] for r in ready}
-        performed: dict[str, list[Action]] = {r.node: [] for r in ready}
-        asked = {r.node: r.action for r in ready}
-        for provider in self.providers:
-            batch: list[ActionRequest] = []
-            answered: list[ActionResult] = []
-            for request in ready:
-                doing = executable(request.action, provider)
-                if doing is None and request.action == "deep-check" and self._deep_checks():
-                    continue  # others run it; a label or a cordon has nothing to add to a check
-                if doing is None:
-                    answered.append(ActionResult(request.node, False, f"cannot {request.action}"))
-                else:
-                    batch.append(replace(request, action=doing))
-            try:
-                got_back = provider.execute(batch) if batch else []
-            except Exception as exc:  # a provider bug fails its nodes, never the controller
-                got_back = [ActionResult(r.node, False, f"raised: {exc}") for r in batch]
-            seen = {a.node for a in got_back}
-            answered += got_back
-            answered += [
-                ActionResult(r.node, False, "gave no result") for r in batch if r.node not in seen
-            ]
-            doing_for = {r.node: r.action for r in batch}
-            for result in answered:
-                if result.node not in results:
-                    continue
-                did = doing_for.get(result.node)
-                done_as = ""
-                if did is not None and did != asked[result.node]:
-                    done_as = f" ({asked[result.node]} done as {did})"
-                results[result.node].append(
-                    replace(result, detail=f"{provider.name}{done_as}: {result.detail}")
-                )
-                if result.ok and did is not None:
-                    performed[result.node].append(did)
-        finals: list[tuple[str, RemediationState]] = []
-        for request in ready:
-            got = results[request.node]
-            ok = bool(got) and all(r.ok for r in got)
-            detail = "; ".join(r.detail for r in got) or "no provider configured"
-            if got and not ok and all(r.ok or r.deferred for r in got):
-                self._defer(request.node, prior_states[request.node], detail, now, records)
-                continue
-            self._deferred.discard(request.node)
-            did = strongest(performed[request.node])
-            # The ladder records what some provider did; with none, the step was not taken and
-            # is tried again (after the cooldown), not skipped.
-            marks = (
-                mark_ladder(priors[request.node], rungs[request.node], did, ladder, now)
-                if did is not None
-                else live_marks(priors[request.node], ladder, now)
-            )
-            with self._lock:
-                state = self._states[request.node]
-            final = replace(
-                state.finished("done" if ok else "failed", self.clock(), detail), ladder=marks
-            )
-            if ok:
-                final = replace(final, finished_at=None)
-            elif request.action == "deep-check":  # no check started: the last one stands
-                prior = prior_states[request.node]
-                final = replace(final, deep_check=prior.deep_check if prior else None)
-            finals.append((request.node, final))
-            records.append(self.auditor.outcome(request.node, request.action, ok, detail, now))
-        self._store_many(finals, now, records)
+
+    def _settle_outcome(
+        self, plan: _Planned, outcome: Outcome, now: float, records: list[AuditRecord]
+    ) -> RemediationState | None:
+        """The node's final state after the providers answered, its outcome audited; None when
+        the action was deferred (stored and audited by `_defer` already)."""
+        request = plan.request
+        ok = outcome.ok
+        detail = outcome.detail
+        if outcome.deferred:
+            self._defer(request.node, plan.prior, detail, now, records)
+            return None
+        self._deferred.discard(request.node)
+        did = outcome.performed
+        ladder = self.config.ladder
+        priors = plan.prior.ladder if plan.prior is not None else ()
+        # The ladder records what some provider did; with none, the step was not taken and
+        # is tried again (after the cooldown), not skipped.
+        marks = (
+            mark_ladder(priors, plan.rungs, did, ladder, now)
+            if did is not None
+            else live_marks(priors, ladder, now)
+        )
+        with self._lock:
+            state = self._states[request.node]
+        final = replace(
+            state.finished("done" if ok else "failed", self.clock(), detail), ladder=marks
+        )
+        if ok:
+            final = replace(final, finished_at=None)
+        elif request.action == "deep-check":  # no check started: the last one stands
+            prior = plan.prior
+            final = replace(final, deep_check=prior.deep_check if prior else None)
+        records.append(self.auditor.outcome(request.node, request.action, ok, detail, now))
+        return final
 
     def _deep_checks(self) -> tuple[str, ...]:
         """The deep health checks the providers that can run one ask for (empty: none can)."""
-        checks: list[str] = []
-        for provider in self.providers:
-            if executable("deep-check", provider) is not None:
-                asked = getattr(provider, "deep_checks", None) or ("requested",)
-                checks += [c for c in asked if c not in checks]
-        return tuple(checks)
+        return deep_checks(self.providers)
 
     def _defer(
         self,
