@@ -249,7 +249,7 @@ def test_the_deployed_node_agent_loads_no_simulation_and_no_heavy_client(tmp_pat
 
 def test_the_cli_names_every_simulated_profile() -> None:
     """The CLI lists the profiles without importing the simulation; the list must not drift."""
-    from exporter.cli import SIMULATED_PROFILES
+    from exporter.cli.node import SIMULATED_PROFILES
     from exporter.sim.hardware.profiles import PROFILES
 
     assert set(SIMULATED_PROFILES) == set(PROFILES)

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import NodeConfigError, apply_node_config, build_parser, run_node
+from exporter.cli import build_parser
+from exporter.cli.node import NodeConfigError, apply_node_config, run_node
 from exporter.core.exposition import EMPTY, Exposition, encode_text
 from exporter.core.findings import Finding, decode_findings, findings_to_json
 from exporter.node.agent import appended

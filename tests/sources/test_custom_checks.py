@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import custom_check_runner
+from exporter.cli.node import custom_check_runner
 from exporter.core.findings import Finding
 from exporter.core.snapshot import (
     CUSTOM_OK,
