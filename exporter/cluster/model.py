@@ -1,7 +1,8 @@
 """ClusterModel: the cluster as the informers describe it, updated one event at a time.
 
 Every event costs O(its object + topology depth): GPU usage moves along one path of the
-topology tree, a workload's timeline grows by what changed, a preemption lands in the ledger.
+topology tree, a workload's timeline grows by what changed, a preemption lands in the ledger
+(judged by `exporter.cluster.preemptions`, which the model calls from its handlers).
 Derived views that span many objects (locality, pending causes, fragmentation) are computed
 when asked, and cached where they are asked often. No I/O, no clock: callers pass `now`.
 """
@@ -20,10 +21,7 @@ from exporter.cluster.analysis import PendingCause
 from exporter.cluster.capacity.placement import (
     Eligibility,
     Exclusion,
-    Fit,
-    FreeCapacity,
     PlacementAnswer,
-    fit,
     place,
     screen_nodes,
 )
@@ -31,12 +29,7 @@ from exporter.cluster.capacity.quota import Answer, QuotaTree
 from exporter.cluster.elastic import idle
 from exporter.cluster.elastic.idle import IdleAccountant
 from exporter.cluster.elastic.scaling import ElasticBook, JobState
-from exporter.cluster.ledger import (
-    SAME_PREEMPTION_WINDOW_S,
-    PreemptionLedger,
-    PreemptionRecord,
-    Verdict,
-)
+from exporter.cluster.ledger import SAME_PREEMPTION_WINDOW_S, PreemptionLedger
 from exporter.cluster.objects import (
     GPU_RESOURCE,
     ClusterQueue,
@@ -57,20 +50,19 @@ from exporter.cluster.parse.kueue import (
     parse_cluster_queue,
     parse_cohort,
     parse_local_queue,
-    parse_preemption_message,
     parse_priority_class,
     parse_resource_flavor,
     parse_topology,
     parse_workload,
-    reason_for_cause,
 )
+from exporter.cluster.preemptions import RELEASE_MEMORY_S, PreemptionJudge
 from exporter.cluster.reservations import ReservationBook
 from exporter.cluster.timeline import TimelineEntry, timeline_changes
 from exporter.core.findings import FINDINGS_ANNOTATION
 from exporter.sources.ec2_events import ScheduledEvent
 from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY, INSTANCE_TYPE_KEY
 from exporter.topology.locality import Locality, locality
-from exporter.topology.tree import Placement, TopologyTree, level_of_label_key
+from exporter.topology.tree import Placement, TopologyTree
 
 log = logging.getLogger(__name__)
 
@@ -90,18 +82,12 @@ KINDS = (
     "HyperPodPyTorchJob",
 )
 
-# A preemption seen later than this after it happened (a restart, a long disconnect) gets no
-# verdict: the free capacity it was decided against is gone.
-VERDICT_FRESHNESS_S = 120.0
-RELEASE_MEMORY_S = 300.0
-AWAIT_PREEMPTOR_S = 60.0
 # Object timestamps have whole seconds, and a kind's first list may be taken a moment before the
 # model's first event: a preemption stamped this little before the watch began can be live.
 LIVE_SLACK_S = 2.0
 # Informers list their kinds in any order at start-up; a preemption seen before every kind has
 # listed is judged once they all have (or after this long, should a kind never list).
 SYNC_GRACE_S = 120.0
-AWAITING_LISTS = "awaiting the informers' first lists; judged once every kind has listed"
 # An EC2 scheduled event this close (or already begun) makes its node unavailable: a job placed
 # there now would be cut short by the reboot, maintenance or retirement.
 EVENT_HORIZON_S = 48 * 3600.0
@@ -159,9 +145,7 @@ class ClusterModel:
         self.priority_classes: dict[str, PriorityClass] = {}
         self.ledger = PreemptionLedger(ledger_capacity)
         self.timeline_limit = timeline_limit
-        self.judge_preemptions = judge_preemptions
         self.wait_histograms: dict[tuple[str, str], WaitHistogram] = {}
-        self.preemption_counts: Counter[tuple[str, str, str, str]] = Counter()
         self.problems: Counter[tuple[str, str]] = Counter()  # (kind, problem) -> count
         self.recent_problems: deque[str] = deque(maxlen=problem_log_limit)
         self.events_applied: Counter[str] = Counter()
@@ -183,13 +167,8 @@ class ClusterModel:
         self._quota_problems_seen: set[tuple[str, str, str]] = set()
         self._placement_cache: dict[tuple[str, Any, int, int], PlacementAnswer] = {}
         self._placement_stamp: tuple[int, int, int] | None = None
-        # Pods that gave back GPUs lately, by group: a preemption verdict must judge the
-        # capacity Kueue saw, and the victims' pods may be gone before their condition arrives.
-        self._released: dict[object, list[tuple[str, int, float]]] = {}
-        self._released_order: deque[tuple[float, object]] = deque()
-        # Ledger entries whose preemptor is not known yet, by preemptor UID: counted once it is.
-        self._awaiting: dict[str, set[int]] = {}
-        self._awaiting_since: deque[tuple[float, str, int]] = deque()
+        # Ledgers, judges and counts preemptions; reads this model, writes only the ledger.
+        self._judge = PreemptionJudge(self, self.ledger, self._problem, enabled=judge_preemptions)
         # Only preemptions seen happening are counted (observed_live): when the model first
         # heard anything, the kinds listed once already, and whether a first list is applying.
         self.watch_start: float | None = None
@@ -202,7 +181,6 @@ class ClusterModel:
         # Kinds a dump did not hold (kubectl get ... lists no Cohorts or ResourceFlavors unless
         # asked): answers that need them say so instead of taking them for absent.
         self.missing_kinds: frozenset[str] = frozenset()
-        self._unjudged: set[int] = set()
         self._replaying_history = False
         # Elastic jobs (HyperPod's and Kueue's) and their scale events; idle and absorbed
         # GPU-seconds, told of every change to a node's idle GPUs, a pending demand or an
@@ -228,6 +206,19 @@ class ClusterModel:
             "HyperPodPyTorchJob": self._apply_hyperpod_job,
         }
 
+    @property
+    def judge_preemptions(self) -> bool:
+        return self._judge.enabled
+
+    @judge_preemptions.setter
+    def judge_preemptions(self, value: bool) -> None:
+        self._judge.enabled = value
+
+    @property
+    def preemption_counts(self) -> Counter[tuple[str, str, str, str]]:
+        """Live preemptions by (victim ClusterQueue, preemptor ClusterQueue, reason, verdict)."""
+        return self._judge.counts
+
     # --- ingestion ------------------------------------------------------------------------
 
     def expect_lists(self, kinds: Iterable[str], now: float) -> None:
@@ -235,6 +226,11 @@ class ClusterModel:
         SYNC_GRACE_S from now), so which kind listed first cannot change a verdict."""
         self._expected_lists = frozenset(kinds)
         self._sync_deadline = now + SYNC_GRACE_S
+
+    @property
+    def caught_up_at(self) -> float | None:
+        """When every expected kind had listed (None: not yet, or none expected)."""
+        return self._caught_up_at
 
     def caught_up(self, now: float) -> bool:
         """Every expected kind has delivered its first list (or the grace period is over)."""
@@ -251,8 +247,8 @@ class ClusterModel:
         """One watch event. Unknown kinds and malformed objects are counted, never raised."""
         if self.watch_start is None:
             self.watch_start = now
-        if self.caught_up(now) and self._unjudged:
-            self._judge_deferred(now)
+        if self.caught_up(now):
+            self._judge.judge_deferred(now)
         handler = self._handlers.get(kind)
         if handler is None:
             self._problem(kind, "unknown_kind", f"ignored an object of unknown kind {kind!r}")
@@ -273,8 +269,7 @@ class ClusterModel:
                 return  # a re-list repeating what we already hold
             versions[key] = rv
         self.events_applied[kind] += 1
-        if self._awaiting_since:
-            self._flush_awaiting(now)
+        self._judge.expire(now)
         self.elastic.tick(now)
         try:
             handler(event_type, obj, now)
@@ -305,8 +300,8 @@ class ClusterModel:
         self._listed.add(kind)
         if kind == "HyperPodPyTorchJob":
             self.elastic.owners_listed()
-        if self.caught_up(now) and self._unjudged:  # caught_up first: it notes when
-            self._judge_deferred(now)
+        if self.caught_up(now):  # caught_up first: it notes when
+            self._judge.judge_deferred(now)
 
     # --- handlers -------------------------------------------------------------------------
 
@@ -419,7 +414,7 @@ class ClusterModel:
                 touched.add(pod.node)
             self._group(pod)
         elif old is not None and old.holds_gpus:
-            self._remember_release(old, now)
+            self._judge.pod_released(old, now)
         for node in touched:
             self._idle_node(node, now)
         if pod is not None:
@@ -455,8 +450,7 @@ class ClusterModel:
         for entry in timeline_changes(old, workload):
             self._add_timeline(state, entry)
         self._observe_admission(state)
-        self._record_preemption_from_status(old, workload, now)
-        self._settle_awaiting(workload, now)
+        self._judge.on_workload(old, workload, now)
         self._idle_demand(workload, now)
         self._elastic_workload(old, workload, now)
         if (
@@ -471,23 +465,12 @@ class ClusterModel:
         if event_type == "DELETED":
             return  # the ledger outlives the Events it was built from
         event = parse_event(obj)
-        if event.involved_kind != "Workload" or event.reason != "Preempted":
-            return
-        time = event.first_seen or event.last_seen or now
-        record = self._preemption_record(
-            victim_key=(event.involved_namespace, event.involved_name),
-            victim_uid=event.involved_uid,
-            message=event.message,
-            reason_hint="",
-            time=time,
-            now=now,
-            source="event",
-        )
-        if record is not None and self._record(record, now):
+        record = self._judge.on_event(event, now)
+        if record is not None:
             state = self.workloads.get((event.involved_namespace, event.involved_name))
             if state is not None:
                 self._add_timeline(
-                    state, TimelineEntry(time, "preempted", record.reason, event.message)
+                    state, TimelineEntry(record.time, "preempted", record.reason, event.message)
                 )
 
     def _apply_cluster_queue(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
@@ -700,93 +683,7 @@ class ClusterModel:
             hist = self.wait_histograms[hist_key] = WaitHistogram()
         hist.observe(max(0.0, admitted.last_transition - queued_since))
 
-    # --- preemptions ----------------------------------------------------------------------
-
-    def _record_preemption_from_status(
-        self, old: Workload | None, new: Workload, now: float
-    ) -> None:
-        preempted = new.condition("Preempted")
-        evicted = new.condition("Evicted")
-        cond = None
-        if preempted is not None and preempted.status == "True":
-            cond = preempted
-        elif evicted is not None and evicted.status == "True" and evicted.reason == "Preempted":
-            cond = evicted
-        if cond is None:
-            return
-        if old is not None:
-            before = old.condition(cond.type)
-            if (
-                before is not None
-                and before.status == cond.status
-                and before.last_transition == cond.last_transition
-                and before.message == cond.message
-            ):
-                return
-        reason_hint = preempted.reason if preempted is not None else ""
-        record = self._preemption_record(
-            victim_key=new.key,
-            victim_uid=new.uid,
-            message=cond.message,
-            reason_hint=reason_hint,
-            time=cond.last_transition if cond.last_transition is not None else now,
-            now=now,
-            source="condition",
-        )
-        if record is not None:
-            self._record(record, now)
-
-    def _preemption_record(
-        self,
-        victim_key: WorkloadKey,
-        victim_uid: str,
-        message: str,
-        reason_hint: str,
-        time: float,
-        now: float,
-        source: str,
-    ) -> PreemptionRecord | None:
-        note = parse_preemption_message(message)
-        if note is None:
-            self._problem(
-                "Workload",
-                "unknown_preemption_message",
-                f"{victim_key[0]}/{victim_key[1]}: unrecognised preemption message "
-                f"{message[:200]!r}",
-            )
-        victim_state = self.workloads.get(victim_key)
-        victim = victim_state.workload if victim_state is not None else None
-        preemptor = (
-            self._find_workload(note.preemptor_uid, note.preemptor_job_uid) if note else None
-        )
-        reason = reason_hint if reason_hint.startswith("In") else ""
-        if not reason and note is not None:
-            reason = reason_for_cause(note.cause)
-        verdict, detail = self._verdict(preemptor, victim, time, now)
-        return PreemptionRecord(
-            time=time,
-            victim_namespace=victim_key[0],
-            victim_name=victim_key[1],
-            victim_uid=victim_uid or (victim.uid if victim else ""),
-            victim_cluster_queue=self.cluster_queue_of(victim) if victim else "",
-            victim_priority=victim.priority if victim else None,
-            preemptor_uid=note.preemptor_uid if note else "",
-            preemptor_job_uid=note.preemptor_job_uid if note else "",
-            preemptor_namespace=preemptor.namespace if preemptor else "",
-            preemptor_name=preemptor.name if preemptor else "",
-            preemptor_cluster_queue=(
-                self.cluster_queue_of(preemptor)
-                if preemptor
-                else _queue_from_path(note.preemptor_path if note else ())
-            ),
-            preemptor_priority=preemptor.priority if preemptor else None,
-            reason=reason or "Unknown",
-            gpus_freed=self._gpus_held(victim_state) if victim_state else 0,
-            verdict=verdict,
-            verdict_detail=detail,
-            message=message,
-            source=source,
-        )
+    # --- what the preemption judge reads (exporter.cluster.preemptions) --------------------
 
     def observed_live(self, time: float) -> bool:
         """Whether a preemption that happened at `time`, reaching the model now, was seen
@@ -803,197 +700,17 @@ class ClusterModel:
           carries it is an old object updated, not a preemption happening.
         A preemption is live when any of its copies is: with the Events listed before it and
         the Workloads after, its condition arrives in a first list but its Event is watched.
-        Counted exactly once: when it is first live with its labels settled (`_record`), so a
-        copy arriving later, in either order, or a re-list repeating it, moves nothing. A
-        preemption during a broken watch, seen first in the re-list, is counted then; one that
-        happened while no process ran is in no process's counter (it stays in the ledger)."""
+        Counted exactly once: when it is first live with its labels settled (the judge's
+        `PreemptionJudge._record`), so a copy arriving later, in either order, or a re-list
+        repeating it, moves nothing. A preemption during a broken watch, seen first in the
+        re-list, is counted then; one that happened while no process ran is in no process's
+        counter (it stays in the ledger)."""
         if self._replaying_history:
             return False
         return self.watch_start is None or time >= self.watch_start - LIVE_SLACK_S
 
-    def _record(self, record: PreemptionRecord, now: float) -> bool:
-        """Ledger it; count it once it is live (`observed_live`) and its preemptor is known
-        (or can never be), so the counter moves only for what happened while we watched and
-        with settled labels: a counter must never be taken back."""
-        rid, new = self.ledger.record(replace(record, observed="history"))
-        stored = self.ledger.get(rid)
-        if stored is None:
-            return new
-        settled = False
-        if new and stored.preemptor_uid and not stored.preemptor_name:
-            self._awaiting.setdefault(stored.preemptor_uid, set()).add(rid)
-            self._awaiting_since.append((now, stored.preemptor_uid, rid))
-        elif rid in self._uncounted_ids(stored.preemptor_uid) and stored.preemptor_name:
-            self._settled(stored.preemptor_uid, rid)
-            settled = True
-        elif new:
-            settled = True
-        became_live = stored.observed == "history" and self.observed_live(stored.time)
-        if became_live:
-            stored = replace(stored, observed="live")
-            self.ledger.update(rid, stored)
-        waiting = rid in self._uncounted_ids(stored.preemptor_uid)
-        if stored.verdict_detail == AWAITING_LISTS:
-            self._unjudged.add(rid)
-            waiting = True  # counted once judged (_judge_deferred)
-        if stored.observed == "live" and not waiting and (settled or became_live):
-            self._count(stored)
-        self._flush_awaiting(now)
-        return new
-
-    def _uncounted_ids(self, uid: str) -> set[int]:
-        return self._awaiting.get(uid, set()) if uid else set()
-
-    def _settled(self, uid: str, rid: int) -> None:
-        waiting = self._awaiting.get(uid)
-        if waiting is not None:
-            waiting.discard(rid)
-            if not waiting:
-                del self._awaiting[uid]
-
-    def _count(self, record: PreemptionRecord) -> None:
-        key = (
-            record.victim_cluster_queue,
-            record.preemptor_cluster_queue,
-            record.reason,
-            record.verdict,
-        )
-        self.preemption_counts[key] += 1
-
-    def _settle_awaiting(self, preemptor: Workload, now: float) -> None:
-        """The preemptor of earlier-seen victims arrived: name it, judge, count the live ones."""
-        rids = self._awaiting.pop(preemptor.uid, None) if preemptor.uid else None
-        for rid in sorted(rids or ()):
-            known = self.ledger.get(rid)
-            if known is None:
-                continue
-            victim_state = self.workloads.get((known.victim_namespace, known.victim_name))
-            victim = victim_state.workload if victim_state is not None else None
-            verdict, detail = known.verdict, known.verdict_detail
-            if now - known.time <= VERDICT_FRESHNESS_S:
-                verdict, detail = self._verdict(preemptor, victim, known.time, now)
-            settled = replace(
-                known,
-                preemptor_namespace=preemptor.namespace,
-                preemptor_name=preemptor.name,
-                preemptor_cluster_queue=self.cluster_queue_of(preemptor)
-                or known.preemptor_cluster_queue,
-                preemptor_priority=preemptor.priority,
-                verdict=verdict,
-                verdict_detail=detail,
-            )
-            self.ledger.update(rid, settled)
-            if settled.verdict_detail == AWAITING_LISTS:
-                self._unjudged.add(rid)
-            elif settled.observed == "live":
-                self._count(settled)
-
-    def _flush_awaiting(self, now: float) -> None:
-        """A preemptor that never shows up (deleted already) leaves its live victims counted
-        as they are."""
-        while self._awaiting_since and now - self._awaiting_since[0][0] > AWAIT_PREEMPTOR_S:
-            _, uid, rid = self._awaiting_since.popleft()
-            waiting = self._awaiting.get(uid)
-            if waiting is None or rid not in waiting:
-                continue
-            waiting.discard(rid)
-            if not waiting:
-                del self._awaiting[uid]
-            record = self.ledger.get(rid)
-            if record is not None and record.observed == "live":
-                self._count(record)
-
-    def _judge_deferred(self, now: float) -> None:
-        """Every kind has listed: judge what waited for it, and count the live ones whose
-        preemptor is settled (the others are counted when it arrives, `_settle_awaiting`)."""
-        for rid in sorted(self._unjudged):
-            known = self.ledger.get(rid)
-            if known is None or known.verdict_detail != AWAITING_LISTS:
-                continue
-            victim_state = self.workloads.get((known.victim_namespace, known.victim_name))
-            victim = victim_state.workload if victim_state is not None else None
-            preemptor = self._find_workload(known.preemptor_uid, known.preemptor_job_uid)
-            verdict, detail = self._verdict(preemptor, victim, known.time, now)
-            judged = replace(known, verdict=verdict, verdict_detail=detail)
-            self.ledger.update(rid, judged)
-            if judged.observed == "live" and rid not in self._uncounted_ids(known.preemptor_uid):
-                self._count(judged)
-        self._unjudged.clear()
-
-    def _remember_release(self, pod: Pod, now: float) -> None:
-        for group in self._groups(pod):
-            self._released.setdefault(group, []).append((pod.node, pod.gpus, now))
-            self._released_order.append((now, group))
-        while self._released_order and now - self._released_order[0][0] > RELEASE_MEMORY_S:
-            _, group = self._released_order.popleft()
-            kept = [r for r in self._released.get(group, ()) if now - r[2] <= RELEASE_MEMORY_S]
-            if kept:
-                self._released[group] = kept
-            else:
-                self._released.pop(group, None)
-
-    def _capacity_before(self, preemptor: Workload, victims: list[Workload]) -> _FreeBefore:
-        """Free GPUs per node as Kueue saw them when it chose to preempt: victims' pods already
-        deleted still held their GPUs then, and the preemptor's pods already bound had not taken
-        theirs yet."""
-        delta_by_node: Counter[str] = Counter()
-        for victim in victims:
-            seen: set[tuple[str, int, float]] = set()
-            for group in self._workload_groups(victim):
-                for release in self._released.get(group, ()):
-                    if release not in seen:
-                        seen.add(release)
-                        delta_by_node[release[0]] -= release[1]
-        for pod in self.pods_of(preemptor):
-            if pod.holds_gpus:
-                delta_by_node[pod.node] += pod.gpus
-        return _FreeBefore(self.tree, self.nodes, dict(delta_by_node))
-
-    def _verdict(
-        self, preemptor: Workload | None, victim: Workload | None, time: float, now: float
-    ) -> tuple[Verdict, str]:
-        """Judged against the cluster at the preemption's `time`: quota from the model's own
-        accounting of reservations then (victims still holding theirs, the preemptor not yet),
-        capacity from the pods then, both on the preemptor's flavor. The same events in any
-        order give the same verdict."""
-        if not self.judge_preemptions:
-            return "unknown", "read from a dump, which shows the cluster only after it"
-        if not self.caught_up(now):
-            return "unknown", AWAITING_LISTS
-        if self._caught_up_at is not None and time < self._caught_up_at:
-            # Some kind was listed after the preemption: a victim's pods or a workload's quota
-            # may have come and gone unseen, and a guess could be a wrong definite answer.
-            return "unknown", (
-                "happened before every informer had listed; what it was decided against may"
-                " have changed unseen"
-            )
-        if now - time > VERDICT_FRESHNESS_S:
-            return "unknown", "happened before topowatch was watching; free capacity then unknown"
-        if preemptor is None:
-            return "unknown", "the preemptor is not known to topowatch"
-        pod_set = _required_pod_set(preemptor)
-        level = (
-            level_of_label_key(pod_set.topology.level)
-            if pod_set is not None and pod_set.topology.level
-            else None
-        )
-        tree = self.quota_tree(at=time, exclude=(preemptor.key,))
-        flavor, quota = self.quota_for(preemptor, tree)
-        fitted: Fit | None = None
-        if level is not None and pod_set is not None and quota is not None:
-            victims = [victim] if victim is not None else []
-            for earlier in self.ledger.caused_by(preemptor.uid):
-                if abs(earlier.time - time) <= 10.0 and earlier.victim_name != (
-                    victim.name if victim else ""
-                ):
-                    state = self.workloads.get((earlier.victim_namespace, earlier.victim_name))
-                    if state is not None:
-                        victims.append(state.workload)
-            capacity = self._capacity_before(preemptor, victims)
-            fitted = self._fit(pod_set, flavor, capacity)
-        return analysis.preemption_verdict(preemptor.gpus_requested, level, quota, fitted)
-
-    def _find_workload(self, uid: str, job_uid: str) -> Workload | None:
+    def find_workload(self, uid: str, job_uid: str) -> Workload | None:
+        """A Workload by its UID, else by its job's UID (job-uid label or owner UID)."""
         key = self._wl_by_uid.get(uid) if uid else None
         if key is None and job_uid:
             key = self._wl_by_job.get(job_uid)
@@ -1002,7 +719,7 @@ class ClusterModel:
 
     # --- pods of a workload ---------------------------------------------------------------
 
-    def _groups(self, pod: Pod) -> list[object]:
+    def pod_groups(self, pod: Pod) -> list[object]:
         groups: list[object] = []
         if pod.workload:
             groups.append((pod.namespace, pod.workload))
@@ -1013,12 +730,12 @@ class ClusterModel:
         return groups
 
     def _group(self, pod: Pod) -> None:
-        for group in self._groups(pod):
+        for group in self.pod_groups(pod):
             self._pods_by_group.setdefault(group, set()).add(pod.key)
             self._group_epoch[group] += 1
 
     def _ungroup(self, pod: Pod) -> None:
-        for group in self._groups(pod):
+        for group in self.pod_groups(pod):
             members = self._pods_by_group.get(group)
             if members is not None:
                 members.discard(pod.key)
@@ -1026,7 +743,7 @@ class ClusterModel:
                     del self._pods_by_group[group]
             self._group_epoch[group] += 1
 
-    def _workload_groups(self, workload: Workload) -> list[object]:
+    def workload_groups(self, workload: Workload) -> list[object]:
         groups: list[object] = [workload.key]
         for uid in (workload.owner_uid, workload.job_uid):
             if uid and uid not in groups:
@@ -1035,20 +752,16 @@ class ClusterModel:
 
     def pods_of(self, workload: Workload) -> list[Pod]:
         keys: set[tuple[str, str]] = set()
-        for group in self._workload_groups(workload):
+        for group in self.workload_groups(workload):
             keys.update(self._pods_by_group.get(group, ()))
         pods = [self.pods[k] for k in keys if k in self.pods]
         return [p for p in pods if p.namespace == workload.namespace]
-
-    def _gpus_held(self, state: WorkloadState) -> int:
-        held = sum(p.gpus for p in self.pods_of(state.workload) if p.holds_gpus)
-        return held or state.workload.gpus_requested
 
     def locality_of(self, state: WorkloadState) -> Locality:
         workload = state.workload
         stamp = (
             self._labels_epoch,
-            *(self._group_epoch.get(g, 0) for g in self._workload_groups(workload)),
+            *(self._group_epoch.get(g, 0) for g in self.workload_groups(workload)),
         )
         cached = state.locality_cache
         if cached is not None and cached[0] == stamp:
@@ -1173,20 +886,6 @@ class ClusterModel:
         self._eligibility_cache[flavor] = (stamp, value)
         return value
 
-    def _fit(self, pod_set: PodSetRequest, flavor: str, capacity: FreeCapacity) -> Fit | None:
-        request = pod_set.topology
-        if not request.level:
-            return None
-        return fit(
-            capacity,
-            self.eligibility(flavor).nodes,
-            request.level,
-            pod_set.count,
-            pod_set.gpus_per_pod,
-            slice_level=request.slice_level,
-            slice_size=request.slice_size,
-        )
-
     # --- questions ------------------------------------------------------------------------
 
     def workload_state(self, namespace: str, name: str) -> WorkloadState | None:
@@ -1300,10 +999,6 @@ def is_pending(workload: Workload) -> bool:
     return not workload.is_true("QuotaReserved") and not workload.is_true("Finished")
 
 
-def _queue_from_path(path: tuple[str, ...]) -> str:
-    return path[-1] if path else ""
-
-
 def _object_key(obj: Mapping[str, Any]) -> Any:
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
@@ -1347,49 +1042,6 @@ def _topology_pod_set(workload: Workload) -> PodSetRequest | None:
         if request.mode in ("required", "preferred") or request.slice_level is not None:
             return pod_set
     return None
-
-
-def _required_pod_set(workload: Workload) -> PodSetRequest | None:
-    """The pod set whose required topology can block admission (preferred ones fall back)."""
-    for pod_set in workload.pod_sets:
-        if pod_set.topology.mode == "required" and pod_set.topology.level:
-            return pod_set
-    return None
-
-
-class _FreeBefore:
-    """The topology tree's free GPUs per node plus `delta`, the change back to an earlier
-    moment (a `FreeCapacity`).
-
-    A node with a delta is recomputed from its allocatable GPUs and its use then (use now
-    minus `delta`), not from the tree's free GPUs now: those are clamped at 0, so a node
-    briefly over-committed in the model (the preemptor's pod seen bound before the victim's
-    pod seen deleted) would otherwise look free before the preemption."""
-
-    def __init__(
-        self, tree: TopologyTree, nodes: Mapping[str, Node], delta: Mapping[str, int]
-    ) -> None:
-        self._tree = tree
-        self._nodes = nodes
-        self._delta = delta
-
-    def node_free(self, node: str) -> int:
-        delta = self._delta.get(node, 0)
-        if not delta:
-            return self._tree.node_free(node)
-        spec = self._nodes.get(node)
-        if (
-            spec is None
-            or not spec.schedulable
-            or spec.unavailable
-            or self._tree.placement(node) is None
-        ):
-            return 0
-        used_then = max(0, self._tree.node_used(node) - delta)
-        return max(0, spec.allocatable_gpus - used_then)
-
-    def placement(self, node: str) -> Placement | None:
-        return self._tree.placement(node)
 
 
 class _AvailableAgain:

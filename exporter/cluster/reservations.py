@@ -11,7 +11,7 @@ reservation's interval from the Workload objects themselves, so the usage at a p
 
 Kueue clears status.admission on eviction, so what a workload held is remembered from when it
 held it; released reservations are kept for `memory_s` seconds (a preemption is judged within
-a couple of minutes of happening, see model.VERDICT_FRESHNESS_S).
+a couple of minutes of happening, see preemptions.VERDICT_FRESHNESS_S).
 """
 
 from __future__ import annotations

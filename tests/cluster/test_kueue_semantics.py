@@ -656,7 +656,7 @@ def test_a_node_over_committed_in_the_model_is_not_free_before_the_preemption() 
     deleted from n1, and the victim's condition is judged in between: n1 holds 16 GPUs of 8
     in the model. The capacity before the preemption is n1's use minus the preemptor's pod
     (8 of 8: not free), not the tree's free GPUs (clamped at 0) plus 8. Before the fix in
-    model._FreeBefore this order judged `unknown` ("fits 2 of 2 pods ... in nn-a")."""
+    preemptions._FreeBefore this order judged `unknown` ("fits 2 of 2 pods ... in nn-a")."""
     story = topology_story()
     order = _in_story_order(story)
     labels = ["preemptor", "admitted", "preemptor-pod", "evicted", "event", "pod-deleted"]
