@@ -1,10 +1,9 @@
 """Immutable readings of one poll of a node: the contract between sources, checks and rendering.
 
-Sources fill these records; the renderer turns a `NodeSnapshot` into exposition bytes and the
-health checks (healthcheck/checks) turn it into findings. Nothing here does I/O. A value that a
+Sources fill these records; the renderer turns a `NodeSnapshot` into exposition bytes and the health
+checks (healthcheck/detection/checks) turn it into findings. Nothing here does I/O. A value that a
 source could not read is `None` and its series is simply absent, so one unsupported field never
-hides the rest.
-"""
+hides the rest."""
 
 from __future__ import annotations
 

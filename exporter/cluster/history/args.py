@@ -1,5 +1,6 @@
-"""The history flags of `topowatch cluster`, apart from the store (see leader_args.py for why
-the parser's modules import nothing heavy: the node agent builds the same parser)."""
+"""The history flags of `topowatch cluster`, apart from the store (see
+exporter/cluster/leader/args.py for why the parser's modules import nothing heavy: the node agent
+builds the same parser)."""
 
 from __future__ import annotations
 

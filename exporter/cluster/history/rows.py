@@ -3,7 +3,7 @@
 Each row's document is exactly what the live API answers for the same thing (a preemption's
 `preemption_view`, a workload's explain view, a scale event's `event_view`, an audit record's
 `as_dict`), so a reader cannot tell history from live but by the `history` note a finished
-workload carries. Pure functions: the feed (history_feed.py) calls them under the service lock.
+workload carries. Pure functions: the feed (feed.py) calls them under the service lock.
 """
 
 from __future__ import annotations
