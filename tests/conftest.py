@@ -1,4 +1,5 @@
-"""Shared fixtures: real promtool, simulated nodes, pollers."""
+"""Shared fixtures: real promtool, simulated nodes, pollers; the process guard (no test leaves a
+process behind)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -23,6 +24,7 @@ from exporter.node.poller import Poller
 from exporter.sim.faults import parse_faults
 from exporter.sim.hardware.node import SimulatedNode
 from exporter.sim.hardware.profiles import get_profile
+from tests import processes
 from tests.postgres_harness import PostgresMissing, PostgresServer, postgres_server
 
 # The shared reference data sits beside the checkout (../shared), in CI as in development.
@@ -196,3 +198,130 @@ def pg_server() -> Iterator[PostgresServer]:
             yield server
     except PostgresMissing as exc:
         pytest.fail(f"{exc}: run scripts/bootstrap.sh")
+
+
+# --- the process guard ----------------------------------------------------------------------
+
+
+class ProcessGuard:
+    """Fails whoever leaves a process running: a test (teardown error), a module- or
+    session-scoped fixture (a teardown error on the test whose teardown finalised it), or the
+    session (an error after the last teardown, and a failed exit status). What is left is killed
+    by PID, so one leak does not turn into twenty minutes of slurmstepd on a CI runner.
+
+    It is a plugin object rather than hook functions in this conftest because a conftest's hooks
+    are not called for session-scoped fixtures (their node is the session, at the rootdir, above
+    tests/). The bookkeeping is in tests/processes.py; this class maps pytest's phases onto its
+    windows: a test's window spans its setup, call and teardown; a wider fixture's setup opens a
+    window of its own inside it, checked when pytest finalises that fixture.
+
+    `TOPOWATCH_PROCESS_GUARD=off` in the environment leaves it out (e.g. under a debugger);
+    `TOPOWATCH_PROCESS_SETTLE_S` shortens the wait for processes already exiting (tests of the
+    guard itself)."""
+
+    NAME = "topowatch-process-guard"
+
+    def __init__(self) -> None:
+        self.ledger = processes.Ledger()
+        self.settle_s = float(os.environ.get("TOPOWATCH_PROCESS_SETTLE_S", processes.SETTLE_S))
+        self.ledger.install()
+        self._tests: dict[str, processes.Owner] = {}
+        self._fixtures: dict[pytest.FixtureDef[Any], processes.Owner] = {}
+        self._pending: list[str] = []  # fixture leaks, told by the teardown that finalised them
+
+    @staticmethod
+    def describe(who: str, leaks: list[processes.Leak], when: str) -> str:
+        lines = [
+            f"{who} left {len(leaks)} process{'es' if len(leaks) > 1 else ''} running {when};"
+            f" the process guard killed {'them' if len(leaks) > 1 else 'it'} (SIGTERM, then"
+            f" SIGKILL after {processes.TERM_GRACE_S:.0f} s):",
+            *(f"  {leak}" for leak in leaks),
+            "Stop and reap every process you start before returning (tests/processes.py says"
+            " how processes are attributed).",
+        ]
+        return "\n".join(lines)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
+        self._tests[item.nodeid] = self.ledger.open(f"test {item.nodeid}")
+        return (yield)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        try:
+            result = yield
+        except BaseException as exc:
+            if message := self._finish(item):
+                exc.add_note(message)
+            raise
+        if message := self._finish(item):
+            pytest.fail(message, pytrace=False)
+        return result
+
+    def _finish(self, item: pytest.Item) -> str:
+        """Close the test's window, kill what it left; the report (with fixture leaks found
+        while this teardown finalised module or session fixtures), '' when clean."""
+        reports, self._pending = self._pending, []
+        owner = self._tests.pop(item.nodeid, None)
+        if owner is not None and (leaks := self.ledger.stop_leftovers(owner, self.settle_s)):
+            reports.insert(0, self.describe("this test", leaks, "after it ended"))
+        return "\n\n".join(reports)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_fixture_setup(
+        self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+    ) -> Generator[None, object, object]:
+        if fixturedef.scope == "function":
+            return (yield)
+        owner = self.ledger.open(f"fixture {fixturedef.argname!r} (scope={fixturedef.scope})")
+        self._fixtures[fixturedef] = owner
+        try:
+            return (yield)
+        finally:
+            self.ledger.close(owner)
+
+    def pytest_fixture_post_finalizer(
+        self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+    ) -> None:
+        owner = self._fixtures.pop(fixturedef, None)
+        if owner is not None and (leaks := self.ledger.stop_leftovers(owner, self.settle_s)):
+            self._pending.append(self.describe(owner.label, leaks, "after its teardown"))
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> Iterator[None]:
+        """After every fixture is torn down (runner's sessionfinish runs inside this wrapper),
+        before the terminal summary (outer wrappers): anything of the session's still running
+        is an error of the run."""
+        try:
+            return (yield)
+        finally:
+            self._end_of_session(session)
+            self.ledger.reap_all()
+
+    def _end_of_session(self, session: pytest.Session) -> None:
+        reports, self._pending = self._pending, []
+        if leaks := self.ledger.stop_leftovers(None, self.settle_s):
+            reports.append(self.describe("the session", leaks, "after every fixture was torn down"))
+        if not reports:
+            return
+        report = pytest.TestReport(
+            nodeid="tests/conftest.py::process-guard",
+            location=("tests/conftest.py", None, "process guard: end of session"),
+            keywords={},
+            outcome="failed",
+            longrepr="\n\n".join(reports),
+            when="teardown",
+        )
+        session.config.hook.pytest_runtest_logreport(report=report)  # counted, shown as ERROR
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_unconfigure(self) -> None:
+        self.ledger.uninstall()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("TOPOWATCH_PROCESS_GUARD") == "off":
+        return
+    if not config.pluginmanager.has_plugin(ProcessGuard.NAME):
+        config.pluginmanager.register(ProcessGuard(), ProcessGuard.NAME)

@@ -9,11 +9,15 @@ user the package creates, through `runuser -u postgres --`, in a temp dir owned 
 that user.
 
 The server can be stopped and started again on the same port and data (`stop`, `start`),
-which is how a test takes the database away from a running store and gives it back.
+which is how a test takes the database away from a running store and gives it back. A restart
+is charged to whoever made the server (the session fixture, for `pg_server`), not to the test
+that restarted it (tests/processes.py). `stop` returns once the postmaster and every process
+under it have exited, and kills by PID (with a warning) what pg_ctl's shutdown left.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import shutil
@@ -23,6 +27,12 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+from tests import processes
+
+STOP_WAIT_S = 10.0  # after pg_ctl says stopped, for the postmaster's processes to be gone
+
+log = logging.getLogger(__name__)
 
 
 class PostgresMissing(RuntimeError):
@@ -55,6 +65,7 @@ class PostgresServer:
         self.log = root / "server.log"
         self.port = free_port()
         self.options = list(options)
+        self._owner = processes.current_owner()
         self._as_user: list[str] = []
         if os.geteuid() == 0:
             try:
@@ -88,13 +99,39 @@ class PostgresServer:
         server_options = " ".join(
             [f"-p {self.port}", f"-k {self.root}", "-c listen_addresses=127.0.0.1", *self.options]
         )
-        self._command(
-            "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", server_options,
-            "-w", "-t", "60", "start",
-        )  # fmt: skip
+        with processes.attributed_to(self._owner):
+            self._command(
+                "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", server_options,
+                "-w", "-t", "60", "start",
+            )  # fmt: skip
 
     def stop(self) -> None:
-        self._command("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        """pg_ctl's fast shutdown, then wait (bounded) until the postmaster and its children
+        are gone; what is left is killed by PID. pg_ctl returns when the pid file is removed,
+        a moment before the processes exit."""
+        server = self._postmaster()
+        table = processes.scan()
+        tree = [server, *processes.descendants(table, server.pid)] if server else []
+        try:
+            self._command("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        finally:
+            if left := processes.wait_gone(tree, STOP_WAIT_S):
+                log.warning(
+                    "killing what PostgreSQL's shutdown left: %s",
+                    "; ".join(f"pid {p.pid}: {processes.cmdline(p)}" for p in left),
+                )
+                processes.stop_tree(left)
+            processes.reap(tree)  # the postmaster, adopted by pytest (tests/processes.py)
+
+    def _postmaster(self) -> processes.Proc | None:
+        """The running postmaster, from the first line of postmaster.pid (checked to be a
+        postgres process: a stale file's PID may have been reused)."""
+        try:
+            pid = int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            return None
+        server = processes.read_stat(pid)
+        return server if server is not None and server.comm == "postgres" else None
 
     def create_database(self, name: str) -> str:
         """A new empty database; its URL."""

@@ -2,11 +2,18 @@
 
 Every node sits at 127.0.0.1; `scontrol show topology|node` and `scontrol update node=...`
 work with no slurmd running. Shared by the topology and the remediation tests.
+
+It leaves nothing running: before the daemons stop, every job is cancelled and the harness waits
+(bounded) until squeue lists none and this cluster's slurmstepd processes are gone. slurmd
+double-forks a slurmstepd per job step, so stopping slurmd under a running job orphaned its
+slurmstepd, which ignores SIGTERM and outlived the test run (twice, on CI). Whatever is still
+there after the daemons stopped is killed by PID, with a warning in the log.
 """
 
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import shutil
 import subprocess
@@ -18,9 +25,14 @@ from pathlib import Path
 import pytest
 
 from exporter.topology.hostlist import compress
+from tests import processes
 from tests.conftest import free_port
 
 START_TIMEOUT_S = 10.0
+DRAIN_TIMEOUT_S = 30.0  # scancel to an empty squeue and no slurmstepd left
+STOP_TIMEOUT_S = 10.0
+
+log = logging.getLogger(__name__)
 
 
 def binary(name: str) -> str:
@@ -115,6 +127,7 @@ def running_slurmctld(
     if topology_conf is not None:
         (tmp / "topology.conf").write_text(topology_conf)
     env = {**os.environ, "SLURM_CONF": str(tmp / "slurm.conf")}
+    since = processes.now_ticks()
     process = subprocess.Popen(
         [slurmctld, "-D", "-f", str(tmp / "slurm.conf")],
         env=env,
@@ -126,8 +139,8 @@ def running_slurmctld(
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 log_file = tmp / "slurmctld.log"
-                log = log_file.read_text() if log_file.exists() else ""
-                pytest.fail(f"slurmctld exited {process.returncode}:\n{log[-3000:]}")
+                text = log_file.read_text() if log_file.exists() else ""
+                pytest.fail(f"slurmctld exited {process.returncode}:\n{text[-3000:]}")
             shown = subprocess.run(
                 [scontrol, "show", probe], env=env, capture_output=True, text=True, timeout=5
             )
@@ -137,18 +150,110 @@ def running_slurmctld(
         else:
             pytest.fail(f"slurmctld did not answer within {START_TIMEOUT_S} s")
         with _running_slurmds(tmp, nodes, env) if slurmd else _nothing():
-            yield env
+            try:
+                yield env
+            finally:
+                drain(env, tmp, since)
     finally:
         _stop(process)
+        _kill_job_processes(env, tmp, since)
+
+
+def drain(
+    env: Mapping[str, str], tmp: Path, since: int, timeout_s: float = DRAIN_TIMEOUT_S
+) -> bool:
+    """Cancel every job, every user's (by id: scancel needs a filter, squeue lists them all),
+    until squeue lists none and no slurmstepd of this cluster runs; bounded by `timeout_s`,
+    since a job step can hang. Whether it drained; it gives up at once when squeue fails (no
+    controller to cancel with): the kill by PID after the daemons stop is what is left."""
+    squeue, scancel = binary("squeue"), binary("scancel")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            listed = subprocess.run(
+                [squeue, "-h", "-a", "-o", "%A"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            if listed.returncode != 0:
+                log.warning("squeue failed, cannot drain Slurm: %s", listed.stderr.strip())
+                return False
+            jobs = listed.stdout.split()
+            if jobs:
+                subprocess.run([scancel, *jobs], env=env, capture_output=True, timeout=10)
+        except subprocess.TimeoutExpired as exc:
+            log.warning("cannot drain Slurm: %s", exc)
+            return False
+        steps = job_processes(env, tmp, since)
+        if not jobs and not steps:
+            return True
+        if time.monotonic() > deadline:
+            log.warning(
+                "Slurm did not drain in %.0f s: jobs %s; job processes left: %s",
+                timeout_s,
+                " ".join(jobs) or "none",
+                "; ".join(f"pid {p.pid}: {processes.cmdline(p)}" for p in steps) or "none",
+            )
+            return False
+        time.sleep(0.2)
+
+
+def job_processes(env: Mapping[str, str], tmp: Path, since: int) -> list[processes.Proc]:
+    """This cluster's job processes, started at or after `since` (clock ticks): its slurmstepds
+    (they hold this cluster's slurmd log open, under `tmp`) and everything below them, and any
+    process whose environment has this cluster's SLURM_CONF and a SLURM_JOB_ID (a job's own
+    processes, even once their slurmstepd is gone). Other clusters on the host are left out."""
+    under = os.path.realpath(tmp) + os.sep
+    conf = f"SLURM_CONF={env['SLURM_CONF']}".encode()
+    table = processes.scan()
+    found: dict[processes.Key, processes.Proc] = {}
+    for proc in table.values():
+        if proc.start < since or not proc.running or proc.key in found:
+            continue
+        if proc.comm == "slurmstepd":
+            if any(path.startswith(under) for path in processes.open_paths(proc.pid)):
+                found[proc.key] = proc
+                found.update((p.key, p) for p in processes.descendants(table, proc.pid))
+            continue
+        entries = processes.environ(proc.pid)
+        if conf in entries and any(e.startswith(b"SLURM_JOB_ID=") for e in entries):
+            found[proc.key] = proc
+    return sorted(found.values(), key=lambda p: (p.start, p.pid))
+
+
+def _kill_job_processes(env: Mapping[str, str], tmp: Path, since: int) -> None:
+    """After the daemons stopped: kill by PID whatever of this cluster's jobs is still there."""
+    left = job_processes(env, tmp, since)
+    if not left:
+        return
+    log.warning(
+        "killing %d Slurm job process(es) left after slurmd and slurmctld stopped: %s",
+        len(left),
+        "; ".join(f"pid {p.pid}: {processes.cmdline(p)}" for p in left),
+    )
+    if stuck := processes.terminate(left):
+        log.warning("still running after SIGKILL: %s", ", ".join(str(p.pid) for p in stuck))
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL; then whatever the daemon had forked (slurmctld's slurmscriptd)
+    gets a moment to exit with it, and is killed by PID if it does not."""
+    below = processes.descendants(processes.scan(), process.pid)
     process.terminate()
     try:
-        process.wait(timeout=10)
+        process.wait(timeout=STOP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    if left := processes.wait_gone(below, STOP_TIMEOUT_S / 2):
+        log.warning(
+            "killing what %s left: %s",
+            process.args[0] if isinstance(process.args, list) else process.args,
+            "; ".join(f"pid {p.pid}: {processes.cmdline(p)}" for p in left),
+        )
+        processes.terminate(left)
 
 
 @contextmanager
@@ -160,10 +265,10 @@ def _nothing() -> Iterator[None]:
 def _running_slurmds(tmp: Path, nodes: list[str], env: dict[str, str]) -> Iterator[None]:
     """One `slurmd -D -N NAME` per node; wait until sinfo shows every node idle."""
     slurmd, sinfo = binary("slurmd"), binary("sinfo")
-    processes: list[subprocess.Popen[bytes]] = []
+    daemons: list[subprocess.Popen[bytes]] = []
     try:
         for name in nodes:
-            processes.append(
+            daemons.append(
                 subprocess.Popen(
                     [slurmd, "-D", "-N", name, "-f", str(tmp / "slurm.conf")],
                     env=env,
@@ -184,5 +289,5 @@ def _running_slurmds(tmp: Path, nodes: list[str], env: dict[str, str]) -> Iterat
             pytest.fail(f"slurmd nodes not idle within {START_TIMEOUT_S * 2} s: {shown.stdout}")
         yield
     finally:
-        for process in processes:
+        for process in daemons:
             _stop(process)
