@@ -27,11 +27,21 @@
    It watches those three NVML calls through a pass-through wrapper around pynvml (the agent's
    code is untouched) and reads `NvmlGpuSource.xid_error`, the agent's own account.
 
+5. What NVML costs (after nvidia-smi, so it does not widen the gap between the two reads): a
+   fresh production source and poller, one warm-up poll (enumeration, discovery), then
+   `--cost-polls` polls (12) every `--cost-interval` s (5: a minute at the agent's default, so
+   the readings taken once a minute or two are averaged in as they are in the agent). Every
+   NVML function the source calls goes through the same pass-through wrapper, with
+   `time.process_time()` around it: per function, calls per GPU per poll, ms per call, ms per
+   GPU per poll; the sum, what it is in mCPU for the node at the interval; and the whole poll
+   (the agent's Python included), process time around `Poller.poll`. `--cost-polls 0` skips it;
+   `--cli` and recorded files cannot measure it and say so.
+
 Exit status: 0 whatever the table says; 2 when nvidia-smi or NVML is absent or does not answer.
 
 The parsing and the comparison (`parse_smi_xml`, `parse_nvlink_status`, `parse_exposition`,
-`compare`, `xid_rows`, `render_table`) take plain text and data and run no process, so
-tests/node/test_gpu_check.py runs them on recorded output.
+`compare`, `xid_rows`, `render_table`, `cost_rows`, `render_costs`) take plain text and data and
+run no process, so tests/node/test_gpu_check.py runs them on recorded output.
 """
 
 from __future__ import annotations
@@ -703,15 +713,46 @@ def xid_rows(probe: XidProbe, agent: Side) -> list[Row]:
 
 class NvmlSpy:
     """pynvml (or a stand-in) passed through untouched, with the XID thread's three calls
-    recorded in `probe`: nvmlEventSetCreate, nvmlDeviceRegisterEvents, nvmlEventSetWait_v2."""
+    recorded in `probe`: nvmlEventSetCreate, nvmlDeviceRegisterEvents, nvmlEventSetWait_v2.
+    With `timed`, every other `nvml*` function also adds its calls and the process CPU time
+    around them to `costs` (name -> [calls, seconds])."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, timed: bool = False) -> None:
         self._nvml = nvml
         self._lock = threading.Lock()
         self.probe = XidProbe()
+        self.costs: dict[str, list[float]] = {}
+        self._timed = timed
+        self._wrapped: dict[str, Any] = {}
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._nvml, name)
+        value = getattr(self._nvml, name)
+        if not (self._timed and name.startswith("nvml") and callable(value)):
+            return value
+        wrapped = self._wrapped.get(name)
+        if wrapped is None:
+            wrapped = self._wrapped[name] = self._timing(name, value)
+        return wrapped
+
+    def _timing(self, name: str, fn: Any) -> Any:
+        costs = self.costs.setdefault(name, [0, 0.0])
+        clock = time.process_time
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = clock() - t0
+                costs[0] += 1
+                costs[1] += spent
+
+        timed.__name__ = name
+        return timed
+
+    def reset_costs(self) -> None:
+        for entry in self.costs.values():
+            entry[0], entry[1] = 0, 0.0
 
     def _bus(self, handle: Any) -> str:
         try:
@@ -759,6 +800,96 @@ class NvmlSpy:
             self.probe.waits += 1
             self.probe.events += 1
         return data
+
+
+# ----- what NVML costs ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CostRow:
+    function: str
+    calls_per_gpu_poll: float
+    ms_per_call: float
+    ms_per_gpu_poll: float
+
+
+@dataclass
+class CostRun:
+    """What `measure_costs` saw: per function (calls, CPU seconds) over `polls` polls of
+    `gpus` GPUs, and the process CPU of the whole polls."""
+
+    gpus: int
+    polls: int
+    interval: float
+    calls: dict[str, tuple[int, float]]
+    poll_seconds: float
+
+
+def cost_rows(calls: Mapping[str, tuple[int, float]], gpus: int, polls: int) -> list[CostRow]:
+    """Per NVML function: calls and CPU per GPU per poll, dearest first; functions not called
+    in the measured polls are left out."""
+    per = max(1, gpus * polls)
+    rows = [
+        CostRow(name, n / per, seconds * 1e3 / n, seconds * 1e3 / per)
+        for name, (n, seconds) in calls.items()
+        if n
+    ]
+    return sorted(rows, key=lambda r: (-r.ms_per_gpu_poll, r.function))
+
+
+def render_costs(run: CostRun) -> str:
+    rows = cost_rows(run.calls, run.gpus, run.polls)
+    total = sum(r.ms_per_gpu_poll for r in rows)
+    calls = sum(r.calls_per_gpu_poll for r in rows)
+    lines = [
+        f"NVML CPU cost ({run.polls} polls every {run.interval:g} s, {run.gpus} GPUs; process"
+        " time around each call):",
+        f"  {'function':<44} {'calls/GPU/poll':>14} {'ms/call':>9} {'ms/GPU/poll':>12}",
+    ]
+    for r in rows:
+        lines.append(
+            f"  {r.function:<44} {r.calls_per_gpu_poll:14.2f} {r.ms_per_call:9.3f}"
+            f" {r.ms_per_gpu_poll:12.3f}"
+        )
+    per = max(1, run.gpus * run.polls)
+    node_mcpu = total * run.gpus / run.interval if run.interval > 0 else float("nan")
+    lines.append(
+        f"  {'NVML, all functions':<44} {calls:14.2f} {'':>9} {total:12.3f}"
+        f"   ({node_mcpu:.2f} mCPU for the node at {run.interval:g} s)"
+    )
+    lines.append(
+        f"  {'whole poll (the agent, process time)':<44} {'':>14} {'':>9}"
+        f" {run.poll_seconds * 1e3 / per:12.3f}"
+    )
+    return "\n".join(lines)
+
+
+def measure_costs(nvml: Any, polls: int, interval: float) -> CostRun:
+    """A fresh production source and poller over `nvml` behind a timing `NvmlSpy`: one warm-up
+    poll, then `polls` polls `interval` s apart, every NVML function timed."""
+    from exporter.node.poller import NodeSources, Poller
+    from exporter.sources.kube import StaticNodeLabels
+    from exporter.sources.nvml import NvmlGpuSource
+
+    spy = NvmlSpy(nvml, timed=True)
+    sources = NodeSources(gpu=NvmlGpuSource(spy), labels=StaticNodeLabels({}))
+    poller = Poller(socket.gethostname(), sources)
+    try:
+        first, _ = poller.poll()  # enumeration and discovery: once, not per poll
+        if not first.gpu.available:
+            raise Absent(f"NVML unavailable: {first.gpu.error}")
+        gpus = len(first.gpu.gpus)
+        spy.reset_costs()
+        spent = 0.0
+        for _ in range(polls):
+            time.sleep(interval)
+            t0 = time.process_time()
+            poller.poll()
+            spent += time.process_time() - t0
+        calls = {name: (int(n), float(sec)) for name, (n, sec) in spy.costs.items()}
+        return CostRun(gpus, polls, interval, calls, spent)
+    finally:
+        sources.close()
 
 
 # ----- printing ---------------------------------------------------------------------------------
@@ -910,6 +1041,8 @@ def main(argv: Sequence[str] | None = None, nvml: Any = None) -> int:
     p.add_argument("--nvlink-status", type=Path, help="a recorded `nvidia-smi nvlink -s`")
     p.add_argument("--only-mismatches", action="store_true", help="print only the NO rows")
     p.add_argument("--settle", type=float, default=1.0, help="seconds between the two polls")
+    p.add_argument("--cost-polls", type=int, default=12, help="polls to time NVML over (0: do not)")
+    p.add_argument("--cost-interval", type=float, default=5.0, help="seconds between them")
     args = p.parse_args(argv)
 
     smi = None
@@ -949,7 +1082,28 @@ def main(argv: Sequence[str] | None = None, nvml: Any = None) -> int:
         print("note: no `nvidia-smi nvlink -s` output: NVLink rows are N/A on the nvidia-smi side")
     print()
     print(legend())
+    print()
+    if args.exposition is not None or args.cli or args.cost_polls <= 0:
+        why = "recorded files" if args.exposition is not None else "--cli"
+        print(f"NVML CPU cost: not measured ({why if args.cost_polls > 0 else '--cost-polls 0'})")
+        return 0
+    try:
+        costs = measure_costs(
+            _pynvml() if nvml is None else nvml, args.cost_polls, args.cost_interval
+        )
+    except Absent as e:
+        print(f"NVML CPU cost: not measured ({e})")
+        return 0
+    print(render_costs(costs))
     return 0
+
+
+def _pynvml() -> Any:
+    try:
+        import pynvml
+    except ImportError as e:
+        raise Absent(f"pynvml is not installed: {e}") from e
+    return pynvml
 
 
 if __name__ == "__main__":

@@ -2,8 +2,14 @@
 
     .venv/bin/python benchmarks/node_agent.py [--scrapes 1000] [--steady-seconds 60]
 
-1. Poll cycle CPU: the production poller in this process, CPU time per poll (thread time),
-   with the simulation's own per-poll work (advancing its counters) measured apart.
+0. NVML calls per GPU per poll on the simulated p5, by function, before the issue 28 work (the
+   GPU source of commit `--before`, loaded from git) and now, over three minutes at 5 s, and
+   the CPU they would cost on a real H100 (the simulation's per-call model, measured on one:
+   exporter/sim/hardware/nvml.py H100_CALL_COST_MS): an estimate, the real figure is
+   benchmarks/gpu_check.py's on a GPU.
+1. Poll cycle CPU: the production poller in this process, CPU time per poll (process time: NVML
+   is read on its own thread), with the simulation's own per-poll work (advancing its counters)
+   measured apart.
 2. Render: topowatch's encoder vs prometheus_client's generate_latest on the same families.
 3. Scrapes: the real `topowatch node --simulate p5.48xlarge` in a subprocess and Debian's
    prometheus-node-exporter (infiniband + meminfo_numa collectors only) reading the *same*
@@ -32,6 +38,8 @@ import sys
 import tempfile
 import threading
 import time
+import types
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
@@ -52,10 +60,13 @@ from exporter.core.exposition import (  # noqa: E402
 )
 from exporter.node.poller import Poller  # noqa: E402
 from exporter.sim.hardware.node import SimulatedNode  # noqa: E402
+from exporter.sim.hardware.nvml import SimulatedNvml  # noqa: E402
 from exporter.sim.hardware.profiles import get_profile  # noqa: E402
+from exporter.sources.nvml import NvmlGpuSource  # noqa: E402
 from healthcheck.detection.monitor import HealthMonitor  # noqa: E402
 
 PROFILE = "p5.48xlarge"
+BEFORE = "ec34cf4"  # main before issue 28: every reading its own call, every poll
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
 
 
@@ -119,6 +130,77 @@ def proc_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+class SteppedClock:
+    """Simulated time, stepped by the benchmark."""
+
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def source_at(rev: str) -> type | None:
+    """`NvmlGpuSource` as it was at git revision `rev`, loaded beside today's (None when git or
+    the revision is not at hand)."""
+    try:
+        text = subprocess.run(
+            ["git", "show", f"{rev}:exporter/sources/nvml.py"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    module = types.ModuleType(f"nvml_at_{rev}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(text, f"{rev}:exporter/sources/nvml.py", "exec"), module.__dict__)
+    return module.NvmlGpuSource  # type: ignore[no-any-return]
+
+
+def bench_nvml_calls(before: str, polls: int = 36, interval: float = 5.0) -> None:
+    """NVML calls per GPU per poll and their H100 cost, counted by the simulated NVML, for the
+    source at `before` and today's, over `polls` polls (36 at 5 s: three minutes, so the
+    once-a-minute readings are averaged in)."""
+    profile = get_profile(PROFILE)
+    gpus = len(profile.gpus)
+    sources = {f"before ({before})": source_at(before), "now": NvmlGpuSource}
+    for label, source_type in sources.items():
+        if source_type is None:
+            print(f"NVML calls, {label}: git revision not available here; skipped")
+            continue
+        clock = SteppedClock()
+        sim = SimulatedNvml(profile, seed=1, clock=clock)
+        source = source_type(sim, clock=clock, wall_clock=clock)
+        try:
+            source.read()  # enumeration and discovery: once, not per poll
+            calls, cost = Counter(sim.gpu_calls), dict(sim.cost_ms)
+            node_calls = sim.calls.total() - sum(sim.gpu_calls.values())
+            for _ in range(polls):
+                clock.now += interval
+                source.read()
+            per_call: Counter[str] = Counter()
+            for (_, name), n in (Counter(sim.gpu_calls) - calls).items():
+                per_call[name] += n
+            node_calls = sim.calls.total() - sum(sim.gpu_calls.values()) - node_calls
+            spent = sum(sim.cost_ms.values()) - sum(cost.values())
+        finally:
+            source.close()
+        per_poll = per_call.total() / (gpus * polls)
+        print(
+            f"NVML calls, {label:<18} {per_poll:6.1f} per GPU per poll (+{node_calls / polls:.0f}"
+            f" node-wide); est. H100 CPU {spent / (gpus * polls):5.2f} ms per GPU per poll,"
+            f" {spent / polls:6.1f} ms per p5 poll, {spent / polls / interval:5.2f}"
+            f" mCPU at {interval:g} s"
+        )
+        top = ", ".join(
+            f"{name.removeprefix('nvmlDevice').removeprefix('nvml')} {n / (gpus * polls):.2f}"
+            for name, n in per_call.most_common(8)
+        )
+        print(f"    by function, per GPU per poll: {top}")
+
+
 def bench_poll(polls: int) -> None:
     node = SimulatedNode(get_profile(PROFILE))
     sources = node.sources()
@@ -127,9 +209,9 @@ def bench_poll(polls: int) -> None:
     sim_cpu: list[float] = []
 
     def timed_advance(now: float) -> None:
-        t0 = time.thread_time()
+        t0 = time.process_time()
         advance(now)
-        sim_cpu.append(time.thread_time() - t0)
+        sim_cpu.append(time.process_time() - t0)
 
     sources.before_poll = timed_advance
     poller = Poller("bench-node", sources, health=HealthMonitor())  # checks on, as deployed
@@ -139,9 +221,9 @@ def bench_poll(polls: int) -> None:
     snapshot = exposition = None
     for _ in range(polls + 3):
         clock[0] += 5.0
-        t0 = time.thread_time()
+        t0 = time.process_time()  # NVML runs on its own thread: the whole process's CPU
         snapshot, exposition = poller.poll()
-        cpu.append(time.thread_time() - t0)
+        cpu.append(time.process_time() - t0)
     cpu, sim_cpu = cpu[3:], sim_cpu[3:]  # drop warm-up polls
     agent = [c - s for c, s in zip(cpu, sim_cpu, strict=True)]
     assert snapshot is not None and exposition is not None
@@ -602,12 +684,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--polls", type=int, default=50)
+    parser.add_argument("--before", default=BEFORE, help="git revision of the NVML baseline")
     parser.add_argument("--scrapes", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--steady-seconds", type=float, default=60.0)
     args = parser.parse_args()
     exit_on_sigterm()  # so that a SIGTERM'd run stops its agents too (see benchmarks/_procs.py)
     print(f"topowatch node agent on the {PROFILE} simulation ({os.cpu_count()} CPUs)")
+    bench_nvml_calls(args.before)
     bench_poll(args.polls)
     bench_kernel_log()
     bench_scrapes(args.scrapes, args.clients, args.steady_seconds)

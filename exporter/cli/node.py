@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from exporter.sources.custom_checks import CustomCheckRunner
     from exporter.sources.interfaces import KernelLogSource
     from healthcheck.detection.reporter import NodeReporter
+    from healthcheck.detection.xid_state import XidStateFile
 
 __all__ = [
     "SIMULATED_PROFILES",
@@ -74,6 +75,23 @@ def parse_compat(value: str) -> frozenset[str]:
             f" choose from {', '.join(sorted(COMPAT_MODES))}"
         )
     return modes
+
+
+def _seconds(positive: bool) -> Callable[[str], float]:
+    """An argparse type: a number of seconds, > 0 or >= 0."""
+
+    def parse(value: str) -> float:
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+        if seconds < 0 or (positive and seconds == 0) or seconds != seconds:
+            raise argparse.ArgumentTypeError(
+                f"must be {'more than' if positive else 'at least'} 0 seconds, got {value}"
+            )
+        return seconds
+
+    return parse
 
 
 def default_node_name() -> str:
@@ -130,6 +148,31 @@ def add_node_arguments(node: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not read the Node object or the kubelet (bare-metal or Slurm nodes)",
     )
+    node.add_argument(
+        "--nvml-deadline",
+        type=_seconds(positive=True),
+        default=3.0,
+        metavar="S",
+        help="how long a poll waits for NVML: a call not returned by then is served as hung "
+        "(the GPU it hangs on down, the others' last values stale) and the poll goes on "
+        "(default: 3)",
+    )
+    node.add_argument(
+        "--nvml-energy-interval",
+        type=_seconds(positive=False),
+        default=120.0,
+        metavar="S",
+        help="read total energy every S seconds, the last value served in between (~4 ms a "
+        "GPU on an H100; 0: every poll; default: 120)",
+    )
+    node.add_argument(
+        "--nvml-gpm-interval",
+        type=_seconds(positive=False),
+        default=60.0,
+        metavar="S",
+        help="GPM profiling ratios over windows of S seconds, the last served in between "
+        "(~2 ms a GPU on an H100; 0: every poll; default: 60)",
+    )
     node.add_argument("--seed", type=int, default=0, help="seed of the simulation")
     node.add_argument(
         "--sim-root",
@@ -162,7 +205,8 @@ def add_node_arguments(node: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DIR",
         help="where to remember the last kernel log record read, so a restarted agent neither "
-        "replays old lines nor loses new ones (default: none; every start begins at the end)",
+        "replays old lines nor loses new ones, and the XIDs the health checks hold, so it still "
+        "reports them (default: none; every start begins at the end, holding nothing)",
     )
     node.add_argument(
         "--journal-dir",
@@ -291,12 +335,16 @@ def apply_node_config(args: argparse.Namespace) -> None:
 
 def real_sources(args: argparse.Namespace, node_name: str) -> NodeSources:
     """The hardware and Kubernetes sources of a real node; with --no-kubernetes, no Node labels
-    and no kubelet, since a Slurm or bare-metal host has neither."""
+    and no kubelet, since a Slurm or bare-metal host has neither (and the kubelet client, whose
+    gRPC stubs refuse to load under grpcio < 1.85.1, is not even imported)."""
     from exporter.sources.kube import StaticNodeLabels, node_labels_source
     from exporter.sources.nvml import NvmlGpuSource
-    from exporter.sources.podresources import KubeletPodResources
 
-    gpu = NvmlGpuSource()
+    gpu = NvmlGpuSource(
+        deadline=args.nvml_deadline,
+        energy_interval=args.nvml_energy_interval,
+        gpm_interval=args.nvml_gpm_interval,
+    )
     gpu.start()
     if args.no_kubernetes:
         return NodeSources(
@@ -305,6 +353,8 @@ def real_sources(args: argparse.Namespace, node_name: str) -> NodeSources:
             sysfs_root=args.sysfs_root,
             proc_root=args.proc_root,
         )
+    from exporter.sources.podresources import KubeletPodResources
+
     labels = node_labels_source(node_name)
     pods = KubeletPodResources(
         args.pod_resources_socket, tuple(args.pod_resource or ("nvidia.com/gpu",))
@@ -341,6 +391,20 @@ def custom_check_runner(monitor: HealthMonitor | None) -> CustomCheckRunner | No
     ]
     history = max(c.damping.n for c in monitor.config.custom_checks)
     return CustomCheckRunner(specs, history=history)
+
+
+def xid_state(directory: Path, sim: SimulatedNode | None) -> XidStateFile:
+    """The file the XIDs the health checks hold live in, beside the kernel log's cursor: a
+    restarted agent keeps them in the same boot (healthcheck/detection/xid_state.py)."""
+    from exporter.sources.kmsg import real_boot_id
+    from healthcheck.detection.xid_state import XID_STATE_FILE, XidStateFile
+
+    try:
+        boot_id = sim.kernel_log.boot_id if sim is not None else real_boot_id()
+    except OSError as e:
+        log.warning("cannot read the boot id (%s): held XIDs are not carried over a restart", e)
+        boot_id = ""
+    return XidStateFile(directory / XID_STATE_FILE, boot_id)
 
 
 def kernel_log_source(
@@ -471,6 +535,8 @@ def run_node(args: argparse.Namespace) -> int:
     checks = custom_check_runner(monitor)
     sources.custom_checks = checks
     sources.kernel_log = kernel_log_source(args, sim)
+    if monitor is not None and args.kernel_log_state is not None:
+        monitor.keep_xids(xid_state(args.kernel_log_state, sim))
     if file_labels:
         sources.labels = FileTopologyLabels(sources.labels, file_labels)
     poller = Poller(node_name, sources, compat=args.compat, health=monitor)

@@ -6,19 +6,25 @@ it back, possibly from an agent of another version, so the JSON form is a contra
     [{"check": "xid", "component": "gpu3", "severity": "fatal", "action": "replace",
       "evidence": "XID 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS (RESTART_BM) x1",
       "firstSeen": "2026-11-22T10:00:00Z", "lastSeen": "2026-11-22T10:00:05Z",
-      "actionable": true}]
+      "actionable": true, "uuid": "GPU-2f6c...", "pciBusId": "00000000:53:00.0"}]
 
 Keys are fixed; times are RFC 3339 UTC with second precision (Kubernetes' own convention), and
 `lastSeen` is as of the write (the agent rewrites on change, not on every poll). Unknown keys
 are ignored on reading, so fields may be added without breaking an older reader.
+
+`uuid` and `pciBusId` (optional, written only when known) name the physical GPU behind a
+`gpuN` component: NVML renumbers the GPUs when one is lost and the node boots without it, so the
+index alone may name another GPU after a reboot. Agents older than these keys write neither; a
+reader then has the index only (the remediation ladder says so when it falls back to it).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +35,8 @@ SEVERITIES = ("info", "warning", "critical", "fatal")  # ascending
 ACTIONS = ("none", "reboot", "replace")  # ascending: replace outranks reboot
 MAX_EVIDENCE_CHARS = 240
 MAX_ANNOTATED_FINDINGS = 64  # bounds the annotation (all of a Node's annotations share 256 KiB)
+MAX_ID_CHARS = 96  # a GPU UUID is 40 characters, a PCI bus id 16
+_GPU_COMPONENT = re.compile(r"^gpu(\d+)(?::|$)")  # gpu3, gpu3:link0
 
 
 class FindingsFormatError(ValueError):
@@ -51,6 +59,9 @@ class Finding:
     first_seen: float  # unix seconds
     last_seen: float
     actionable: bool = False
+    # The physical GPU behind a `gpuN` component, when the agent knows it ("" otherwise).
+    uuid: str = ""
+    pci_bus_id: str = ""
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -69,7 +80,7 @@ class Finding:
         return (ACTIONS.index(self.action), SEVERITIES.index(self.severity))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "check": self.check,
             "component": self.component,
             "severity": self.severity,
@@ -79,6 +90,11 @@ class Finding:
             "lastSeen": format_time(self.last_seen),
             "actionable": self.actionable,
         }
+        if self.uuid:
+            out["uuid"] = self.uuid[:MAX_ID_CHARS]
+        if self.pci_bus_id:
+            out["pciBusId"] = self.pci_bus_id[:MAX_ID_CHARS]
+        return out
 
     @classmethod
     def from_dict(cls, data: object) -> Finding:
@@ -94,6 +110,12 @@ class Finding:
         actionable = data.get("actionable", False)
         if not isinstance(actionable, bool):
             raise FindingsFormatError("finding field 'actionable' must be true or false")
+        ids: dict[str, str] = {}
+        for key in ("uuid", "pciBusId"):  # optional: agents before issue 28 write neither
+            value = data.get(key, "")
+            if not isinstance(value, str) or len(value) > MAX_ID_CHARS:
+                raise FindingsFormatError(f"finding field {key!r} must be a short string")
+            ids[key] = value
         try:
             return cls(
                 check=text["check"],
@@ -104,11 +126,34 @@ class Finding:
                 first_seen=parse_time(data.get("firstSeen"), "firstSeen"),
                 last_seen=parse_time(data.get("lastSeen"), "lastSeen"),
                 actionable=actionable,
+                uuid=ids["uuid"],
+                pci_bus_id=ids["pciBusId"],
             )
         except FindingsFormatError:
             raise
         except ValueError as e:
             raise FindingsFormatError(str(e)) from e
+
+
+def gpu_index(component: str) -> int | None:
+    """The GPU index a component names (`gpu3`, `gpu3:link0` -> 3); None for anything else."""
+    match = _GPU_COMPONENT.match(component)
+    return int(match.group(1)) if match else None
+
+
+def identify_gpus(
+    findings: Iterable[Finding], gpus: Mapping[int, tuple[str, str]]
+) -> list[Finding]:
+    """Each finding on a `gpuN` component with that GPU's (uuid, pci_bus_id) from `gpus` (index
+    -> ids, as the agent read them), unless it carries its own already. Pure."""
+    out: list[Finding] = []
+    for f in findings:
+        index = gpu_index(f.component)
+        ids = gpus.get(index) if index is not None else None
+        if ids is not None and not (f.uuid or f.pci_bus_id):
+            f = replace(f, uuid=ids[0], pci_bus_id=ids[1])
+        out.append(f)
+    return out
 
 
 def format_time(seconds: float) -> str:

@@ -193,6 +193,13 @@ class GpuReading:
     fabric: FabricInfo | None = None
     nvlinks: tuple[NvLinkReading, ...] = ()
     processes: tuple[GpuProcess, ...] | None = None
+    # The driver's own verdict, NVML field 230 (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), an
+    # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain
+    # and reset (NVML_GPU_RECOVERY_ACTION_*); None where the driver does not report it.
+    recovery_action: int | None = None
+    # Set when these values are not from this poll: NVML has not answered since (a call hung),
+    # and this is the unix time of the last good read they come from.
+    stale_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +227,10 @@ class GpuInventory:
     gpus: tuple[GpuReading, ...] = ()
     xid_events: tuple[XidEvent, ...] = ()
     failure: NvmlFailure | None = None  # set when `available` is False
+    # An NVML call that has not returned by the agent's deadline ("nvmlDeviceGetPowerUsage on
+    # GPU 3"), and since when (unix seconds); None while NVML answers.
+    hung: str | None = None
+    hung_since: float | None = None
 
     def deployment_errors(self) -> tuple[tuple[str, str], ...]:
         """(reason, sentence) for each failure that lies in how the agent is deployed: NVML as
@@ -432,7 +443,8 @@ class KernelLogEvent:
     (exporter/core/data/kernel-log-patterns.csv), with its device mapped to ours where it names
     one."""
 
-    kind: str  # xid | sxid | gpu_fallen_off_bus | efa_driver | pcie_aer | nvlink | hung_task
+    kind: str  # xid | sxid | gpu_fallen_off_bus | efa_driver | pcie_aer | nvlink | hung_task ...
+    # (exporter/node/kernel/patterns.py KINDS)
     pattern: str  # the table row that matched
     severity: str  # the row's severity (fatal | error | warning | corrected)
     timestamp: float
@@ -469,6 +481,8 @@ class KernelLogReading:
     lines: int = 0  # records read since start
     dropped: int = 0  # records the kernel overwrote before the agent read them, since start
     malformed: int = 0  # records that could not be parsed, since start
+    # messages the kernel's printk ratelimit dropped, as its "N callbacks suppressed" lines say
+    suppressed: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ alerts name the pod through that remembered holder, which changes only with a ne
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -51,6 +52,48 @@ def catalog() -> dict[int, XidInfo]:
 def describe(xid: int) -> XidInfo:
     """Catalog entry for an XID; codes newer than the catalog are reported, not dropped."""
     return catalog().get(xid) or XidInfo(xid, f"XID_{xid}", "UNKNOWN", UNKNOWN_ACTION)
+
+
+# The driver's own verdict on what a GPU needs, nvml.h nvmlDeviceGpuRecoveryAction_t
+# (NVML_GPU_RECOVERY_ACTION_*, read as NVML field 230 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), with
+# the words the driver prints for each in XID 154 (NVIDIA/open-gpu-kernel-modules 595.45.04,
+# src/nvidia/src/kernel/gpu/gpu.c `_gpuRecoveryActionName`; 6 and 7 are nvml.h's newer values).
+RECOVERY_NONE = 0
+RECOVERY_GPU_RESET = 1
+RECOVERY_NODE_REBOOT = 2
+RECOVERY_DRAIN_P2P = 3
+RECOVERY_DRAIN_AND_RESET = 4
+RECOVERY_RECOVER_IMEX_DOMAIN = 5
+RECOVERY_BUS_RESET = 6
+RECOVERY_SYSTEM_REBOOT = 7
+RECOVERY_NAMES = {
+    RECOVERY_NONE: "None",
+    RECOVERY_GPU_RESET: "GPU Reset Required",
+    RECOVERY_NODE_REBOOT: "Node Reboot Required",
+    RECOVERY_DRAIN_P2P: "Drain P2P",
+    RECOVERY_DRAIN_AND_RESET: "Drain and Reset",
+    RECOVERY_RECOVER_IMEX_DOMAIN: "Recover IMEX Domain",
+    RECOVERY_BUS_RESET: "Bus Reset",
+    RECOVERY_SYSTEM_REBOOT: "System Reboot",
+}
+XID_RECOVERY_ACTION_CHANGED = 154
+
+# XID 154's text: nvErrorLog_va(pGpu, GPU_RECOVERY_ACTION_CHANGED, "GPU recovery action changed
+# from 0x%x (%s) to 0x%x (%s)", old, name(old), new, name(new)) (gpu.c `gpuRefreshRecoveryAction`).
+_RECOVERY_CHANGED = re.compile(
+    r"recovery action changed (?:from 0x[0-9a-fA-F]+ \([^)]*\) )?to 0x(?P<new>[0-9a-fA-F]{1,8})\b"
+)
+
+
+def recovery_action_named(message: str) -> int | None:
+    """The recovery action an XID 154 line changed to ("... to 0x1 (GPU Reset Required)" -> 1);
+    None when the text names none (NVML's event set carries no text, only the code)."""
+    m = _RECOVERY_CHANGED.search(message)
+    return int(m["new"], 16) if m else None
+
+
+def recovery_name(action: int) -> str:
+    return RECOVERY_NAMES.get(action, f"0x{action:x}")
 
 
 class XidLedger:

@@ -3,6 +3,12 @@
 The poller is the only place that touches hardware. Each collector runs isolated: an exception
 or a `SourceError` marks that collector failed for this poll, counts the reason, logs once per
 change of reason, and the snapshot carries whatever the other collectors read.
+
+The kernel log is read first, before NVML is asked for anything: when a GPU falls off the bus
+NVML may hang, and the log is where that fault is written. The GPU source's read is bounded
+(exporter/sources/nvml.py: NVML on its own thread, a deadline); an NVML call that has not
+returned fails the `gpu` collector with reason `nvml_hung` every poll it lasts, while the log,
+its XIDs and the checks go on.
 """
 
 from __future__ import annotations
@@ -162,8 +168,9 @@ class Poller:
         if self.sources.before_poll is not None:
             self.sources.before_poll(now)
         run: list[CollectorStatus] = []
+        log_batch = self._read_kernel_log_batch(run)  # before NVML, which may hang
         gpu = self._collect(run, "gpu", self._read_gpu, GpuInventory(available=False))
-        gpu, kernel = self._read_kernel_log(run, gpu, now)
+        gpu, kernel = self._judge_kernel_log(gpu, log_batch, now)
         no_efa: tuple[EfaDeviceReading, ...] = ()
         no_numa: tuple[NumaNodeReading, ...] = ()
         no_affinity: tuple[GpuAffinity, ...] = ()
@@ -290,8 +297,11 @@ class Poller:
             log.warning("collector %s failing (%s): %s", name, reason, message, exc_info=exc_info)
 
     def _read_gpu(self) -> GpuInventory:
-        """NVML missing fails the collector; one GPU failing only counts (the rest is read)."""
+        """NVML missing fails the collector, and so does an NVML call that hangs (the GPUs'
+        values then the last good ones, marked stale); one GPU failing only counts."""
         gpu = self.sources.gpu.read()
+        if gpu.hung is not None:
+            raise _Degraded("nvml_hung", gpu.error or f"NVML hung: {gpu.hung}", gpu)
         if not gpu.available:
             raise _Degraded("nvml_unavailable", gpu.error or "NVML unavailable", gpu)
         lost = sum(1 for g in gpu.gpus if not g.up)
@@ -299,15 +309,12 @@ class Poller:
             self._count("gpu", "gpu_unreadable", lost)
         return gpu
 
-    def _read_kernel_log(
-        self, run: list[CollectorStatus], gpu: GpuInventory, now: float
-    ) -> tuple[GpuInventory, KernelLogReading | None]:
-        """The kernel log's new lines as events; its XIDs merged with NVML's, each fault once
-        (exporter/node/kernel/events.py), so the XID ledger and checks see one stream."""
-        source, ledger = self.sources.kernel_log, self._kernel
-        if source is None or ledger is None:
-            return gpu, None
-        ledger.learn_gpus(gpu)
+    def _read_kernel_log_batch(self, run: list[CollectorStatus]) -> KernelLogBatch | None:
+        """The kernel log's new records, what the pumps read since the last poll first; None
+        when the monitor is off. Read before NVML, judged after it (`_judge_kernel_log`)."""
+        source = self.sources.kernel_log
+        if source is None or self._kernel is None:
+            return None
         batch = self._collect(run, "kernel_log", source.read, KernelLogBatch())
         if self._kernel_pending:  # what the pumps read since the last poll comes first
             batches, self._kernel_pending = [*self._kernel_pending, batch], []
@@ -317,6 +324,18 @@ class Poller:
                 malformed=sum(b.malformed for b in batches),
                 skipped=sum(b.skipped for b in batches),
             )
+        return batch
+
+    def _judge_kernel_log(
+        self, gpu: GpuInventory, batch: KernelLogBatch | None, now: float
+    ) -> tuple[GpuInventory, KernelLogReading | None]:
+        """The kernel log's new lines as events, GPUs named by what NVML last told of their
+        PCI addresses; its XIDs merged with NVML's, each fault once
+        (exporter/node/kernel/events.py), so the XID ledger and checks see one stream."""
+        ledger = self._kernel
+        if batch is None or ledger is None:
+            return gpu, None
+        ledger.learn_gpus(gpu)
         events = ledger.record(batch)
         merged = ledger.merge_xids(gpu.xid_events, ledger.log_xids(events), now)
         if merged != gpu.xid_events:

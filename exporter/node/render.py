@@ -418,7 +418,8 @@ def _render_self(fams: _Families, s: NodeSnapshot, node: str) -> None:
             "topowatch_node_agent_deployment_error",
             GAUGE,
             "1 for each reason the agent cannot use NVML as it is deployed (library not mounted,"
-            " no permission, no driver since start): fix the DaemonSet, not the node.",
+            " no permission, no driver, a driver unloaded or upgraded under it): fix the"
+            " deployment, not the node.",
         )
         for reason in deployment:
             family.add_rendered(f'{{{node},reason="{_q(reason)}"}}', 1)
@@ -763,6 +764,12 @@ def _render_kernel_log(fams: _Families, s: NodeSnapshot) -> None:
             "topowatch_kernel_log_malformed",
             "Kernel log records that could not be parsed (garbage, truncated).",
             k.malformed,
+        ),
+        (
+            "topowatch_kernel_log_suppressed",
+            "Kernel messages the kernel's printk ratelimit dropped, as its 'N callbacks"
+            " suppressed' lines report them.",
+            k.suppressed,
         ),
     ):
         fams.get(name, COUNTER, help_text).add(base, value)

@@ -11,7 +11,9 @@ the facts come from:
 - nodes out of service for anyone else's reason (DOWN, DRAIN, FAIL, not responding) are never
   touched: they are held, with the state and reason in the audit;
 - an agent that did not answer cleanly holds its node (no action on doubt); its last good
-  findings stay on view so the status page still shows what the node asked for.
+  findings stay on view so the status page still shows what the node asked for;
+- the node's BootTime (slurmd's, in the node list) tells findings from before a reboot that
+  followed an action from new ones (policy.climb).
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def report(
         state=state,
         state_problem=facts.state_problem,
         hold=_hold(node, reading, facts),
+        # slurmd's BootTime: findings first seen before a boot that followed the node's last
+        # action are from before it, not the fault returning (policy.climb).
+        booted_at=node.boot_time,
     )
 
 

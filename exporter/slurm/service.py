@@ -52,7 +52,7 @@ from exporter.slurm.reports import (
     report,
     worth_polling,
 )
-from exporter.slurm.settings import Settings
+from exporter.slurm.settings import Settings, SettingsError, check_against_slurm
 from exporter.slurm.statefile import StateFile, StateFileError, atomic_write
 from exporter.sources.slurm.commands import SlurmCli, SlurmCommandError
 from exporter.sources.slurm.nodes import SlurmNode, parse_nodes
@@ -515,9 +515,19 @@ def build_app(service: SlurmControllerService, admin_token: str | None) -> web.A
 
 
 def build_service(settings: Settings, env: dict[str, str] | None = None) -> SlurmControllerService:
-    """Everything wired from the settings; TokenFileError when a token file cannot be read."""
+    """Everything wired from the settings; TokenFileError when a token file cannot be read,
+    SettingsError when slurm.conf lacks what the settings need (RebootProgram for reboot-asap)
+    or slurmctld cannot be asked whether it has it."""
     token = read_token_file(settings.token_file)
     cli = SlurmCli(env=env, timeout_s=settings.slurm_timeout_s, bin_dir=settings.bin_dir)
+    if settings.method == "reboot-asap":
+        try:
+            config = cli.show_config()
+        except SlurmCommandError as exc:
+            raise SettingsError(
+                f"slurm.method reboot-asap: cannot check slurm.conf's RebootProgram: {exc}"
+            ) from exc
+        check_against_slurm(settings, config)
     state_file = StateFile(settings.state_file)
     controller = RemediationController(
         settings.policy,

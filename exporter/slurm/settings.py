@@ -15,6 +15,7 @@ from typing import Any, cast
 import yaml
 
 from exporter.slurm.reports import OPT_OUT_FEATURE
+from exporter.sources.slurm.commands import unset
 from exporter.topology.hostlist import expand
 from healthcheck.remediation.policy import PolicyConfig
 from healthcheck.remediation.providers.slurm import METHODS, Method
@@ -66,6 +67,20 @@ class Settings:
     listen_host: str = "0.0.0.0"
     listen_port: int = 9404
     topology_file: Path | None = None
+
+
+def check_against_slurm(settings: Settings, config: Mapping[str, str]) -> None:
+    """What the settings need from slurm.conf, checked against `scontrol show config` once at
+    start-up; SettingsError in one line when it is missing. `reboot-asap` runs `scontrol reboot
+    ASAP`, which slurmctld refuses without RebootProgram ("RebootProgram isn't defined";
+    scontrol(1), "reboot": "the RebootProgram configured in slurm.conf"): without it every
+    decision would fail at the node, one by one, instead of the start."""
+    if settings.method == "reboot-asap" and unset(config.get("RebootProgram")):
+        shown = config.get("RebootProgram", "absent")
+        raise SettingsError(
+            f"slurm.method reboot-asap needs RebootProgram in slurm.conf (scontrol show config:"
+            f" RebootProgram = {shown}); set it, or use slurm.method hyperpod or drain"
+        )
 
 
 def load_settings(path: Path) -> Settings:

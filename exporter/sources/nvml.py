@@ -5,10 +5,36 @@ driver gives an unavailable inventory (init retried at most every 60 s), a GPU t
 whole (lost, timed out) is reported `up=False` under its known identity without blanking the
 others, and a field NVML does not support is None, remembered so it costs nothing next poll.
 
-Counters come from one batched `nvmlDeviceGetFieldValues` call per GPU per poll (each value
-carries its own return code): PCIe TX/RX bytes (fields 197/198; `nvmlDeviceGetPcieThroughput`
-is a 20 ms sample, never used), the PCIe replay counter, memory temperature, and per NVLink,
-addressed by scopeId = link index:
+What a read costs is what NVML costs (on an H100, driver 580: `nvmlDeviceGetViolationStatus`
+0.9 ms a call, `nvmlDeviceGetTotalEnergyConsumption` 4.4 ms, `nvmlGpmMetricsGet` 1.9 ms, one
+`nvmlDeviceGetFieldValues` batch ~0.7 ms whatever it holds, most other getters < 0.05 ms), so:
+
+* everything nvml.h defines a field id for is in the one batch per GPU per poll;
+* total energy (~4.2 ms however it is read, field 83 or its own call) is read every
+  `energy_interval` s (120) and GPM profiling every `gpm_interval` s (60), staggered across the
+  GPUs; between reads the last value is served, never older than its interval (README, "What
+  NVML costs"). Everything else is read every poll. At 5 s that is about 1.4 ms of NVML a GPU
+  a poll on an H100 by the per-call costs above (13 ms before; energy every 60 s would be 1.55).
+
+NVML runs on its own thread (`nvml-read`): `read()` waits for it at most `deadline` seconds
+(3). A call that does not return by then (a wedged driver) never holds up the poll, the kernel
+log or the checks: the GPU it hangs on is reported `up=False` with a TIMEOUT failure (nvml.h:
+"User provided timeout passed", judged as any timeout is), the other GPUs keep their last good
+values marked `stale_since` (for at most `STALE_LIMIT_SECONDS`; then `up=False` too), and the
+inventory says `hung` and `hung_since`. A call hung on NVML as a whole (init, the device count)
+fails the inventory as a whole-NVML TIMEOUT would. No second NVML read starts while one hangs.
+
+The batch (each value carries its own return code, judged per value as a call's would be):
+PCIe TX/RX bytes (fields 197/198; `nvmlDeviceGetPcieThroughput` is a 20 ms sample, never used),
+the PCIe replay counter, memory temperature, the throttled time per clock policy
+(`NVML_FI_DEV_PERF_POLICY_*`, 74-79, nanoseconds, what `nvmlDeviceGetViolationStatus` returns
+as violationTime and DCGM's `*_VIOLATION` fields read), the driver's recovery action
+(`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, 230), the ECC totals (`NVML_FI_DEV_ECC_{SBE,DBE}_
+{VOL,AGG}_TOTAL`, 3-6, `nvmlDeviceGetTotalEccErrors`' four), remapped rows
+(`NVML_FI_DEV_REMAPPED_*`, 142-145, `nvmlDeviceGetRemappedRows`' four), retired pages
+(`NVML_FI_DEV_RETIRED_SBE/DBE/PENDING`, 29-31), and per NVLink, addressed by scopeId = link
+index, its state (`NVML_FI_DEV_NVLINK_GET_STATE`, 165, NVML_FEATURE_ENABLED when active, what
+NCCL reads from Hopper on) and:
 
 * `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX` (138/139), data payload in KiB;
 * `NVML_FI_DEV_NVLINK_ERROR_DL_CRC/_DL_REPLAY/_DL_RECOVERY` (163/161/162) for the flit CRC,
@@ -25,9 +51,10 @@ addressed by scopeId = link index:
   failed, all). Before Blackwell each answers NOT_SUPPORTED once and leaves the request. The
   RAW_BER ids (216-218) are "Deprecated, do not use" in nvml.h and are not read.
 
-Throttled time per clock policy (power, thermal, sync boost, board limit, low utilization,
-reliability) comes from `nvmlDeviceGetViolationStatus`, one call per policy, nanoseconds since
-driver load: what DCGM's `DCGM_FI_DEV_*_VIOLATION` fields read.
+Where the library has no `nvmlDeviceGetFieldValues`, or a field id is not served here
+(NOT_SUPPORTED, or INVALID_ARGUMENT from a driver older than the id), the value is read with the
+call that gives it (violation status, ECC totals, remapped rows, retired pages, NVLink state),
+once; where that is unsupported too it is None, as before. The recovery action has no call.
 
 Fabric registration (`nvmlDeviceGetGpuFabricInfoV`, else `nvmlDeviceGetGpuFabricInfo`): the
 probe state, and when COMPLETED its `status` (nvml.h: "Error status, if any. Must be checked
@@ -39,8 +66,8 @@ them, each event exactly once.
 
 Every failure keeps its NVML return code and what the code means for the node (`NvmlFailure`,
 `_MEANING` below, in nvml.h's words): a library that is not there, device files the agent may
-not open or a driver NVML has never seen since the agent started are the deployment's fault,
-not the hardware's; a GPU that fell off the bus, or a driver gone after NVML worked, is
+not open, a driver that is not loaded (never, or no longer: unloaded or upgraded under the
+agent) are the deployment's fault, not the hardware's; a GPU that fell off the bus is
 hardware; RESET_REQUIRED asks for a reset; a TIMEOUT is retried on the next poll and judged by
 the health checks only if it persists.
 """
@@ -50,12 +77,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import queue
 import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exporter.core.snapshot import (
@@ -83,6 +111,11 @@ log = logging.getLogger(__name__)
 
 INIT_RETRY_SECONDS = 60.0
 EVENT_WAIT_MS = 500
+DEADLINE_SECONDS = 3.0  # a read still running after this is served as hung (README)
+ENERGY_INTERVAL_SECONDS = 120.0  # total energy: ~4.2 ms a GPU however it is read
+GPM_INTERVAL_SECONDS = 60.0  # GPM metrics: nvmlGpmMetricsGet ~1.9 ms a GPU
+STALE_LIMIT_SECONDS = 300.0  # last good values served while NVML hangs, at most this long
+CLOSE_WAIT_SECONDS = 1.0  # close() waits this long for a read under way
 KIB = 1024
 MHZ = 1e6
 
@@ -138,6 +171,25 @@ _FIELD_IDS = {
     "NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS": 213,
     "NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS": 214,
     "NVLINK_COUNT_LINK_RECOVERY_EVENTS": 215,
+    "NVLINK_GET_STATE": 165,
+    "PERF_POLICY_POWER": 74,
+    "PERF_POLICY_THERMAL": 75,
+    "PERF_POLICY_SYNC_BOOST": 76,
+    "PERF_POLICY_BOARD_LIMIT": 77,
+    "PERF_POLICY_LOW_UTILIZATION": 78,
+    "PERF_POLICY_RELIABILITY": 79,
+    "GET_GPU_RECOVERY_ACTION": 230,
+    "ECC_SBE_VOL_TOTAL": 3,
+    "ECC_DBE_VOL_TOTAL": 4,
+    "ECC_SBE_AGG_TOTAL": 5,
+    "ECC_DBE_AGG_TOTAL": 6,
+    "REMAPPED_COR": 142,
+    "REMAPPED_UNC": 143,
+    "REMAPPED_PENDING": 144,
+    "REMAPPED_FAILURE": 145,
+    "RETIRED_SBE": 29,
+    "RETIRED_DBE": 30,
+    "RETIRED_PENDING": 31,
 }
 # NvLinkReading attribute <- NVLink5 field (NVML_FI_DEV_NVLINK_COUNT_*), each a plain count.
 _NVLINK5_FIELDS = {
@@ -154,8 +206,39 @@ _NVLINK5_FIELDS = {
     "link_recovery_failed_events": "NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS",
     "link_recovery_events": "NVLINK_COUNT_LINK_RECOVERY_EVENTS",
 }
-_GPU_FIELDS = ("PCIE_COUNT_TX_BYTES", "PCIE_COUNT_RX_BYTES", "PCIE_REPLAY_COUNTER", "MEMORY_TEMP")
+# VIOLATION_POLICIES name -> (its field, its nvmlPerfPolicyType_t for the call: nvml.h's numbers).
+_VIOLATION_POLICIES = {
+    "power": ("PERF_POLICY_POWER", 0),  # NVML_PERF_POLICY_POWER
+    "thermal": ("PERF_POLICY_THERMAL", 1),  # NVML_PERF_POLICY_THERMAL
+    "sync_boost": ("PERF_POLICY_SYNC_BOOST", 2),  # NVML_PERF_POLICY_SYNC_BOOST
+    "board_limit": ("PERF_POLICY_BOARD_LIMIT", 3),  # NVML_PERF_POLICY_BOARD_LIMIT
+    "low_utilization": ("PERF_POLICY_LOW_UTILIZATION", 4),  # NVML_PERF_POLICY_LOW_UTILIZATION
+    "reliability": ("PERF_POLICY_RELIABILITY", 5),  # NVML_PERF_POLICY_RELIABILITY
+}
+assert tuple(_VIOLATION_POLICIES) == VIOLATION_POLICIES
+# EccCounts attribute -> (its field, and the (error type, counter type) names of the call).
+_ECC_FIELDS = {
+    "corrected_volatile": ("ECC_SBE_VOL_TOTAL", "CORRECTED", "VOLATILE"),
+    "uncorrected_volatile": ("ECC_DBE_VOL_TOTAL", "UNCORRECTED", "VOLATILE"),
+    "corrected_aggregate": ("ECC_SBE_AGG_TOTAL", "CORRECTED", "AGGREGATE"),
+    "uncorrected_aggregate": ("ECC_DBE_AGG_TOTAL", "UNCORRECTED", "AGGREGATE"),
+}
+# nvmlDeviceGetRemappedRows' four values, and page retirement's three, as fields, in that order.
+_REMAP_FIELDS = ("REMAPPED_COR", "REMAPPED_UNC", "REMAPPED_PENDING", "REMAPPED_FAILURE")
+_RETIRED_FIELDS = ("RETIRED_SBE", "RETIRED_DBE", "RETIRED_PENDING")
+_GPU_FIELDS = (
+    "PCIE_COUNT_TX_BYTES",
+    "PCIE_COUNT_RX_BYTES",
+    "PCIE_REPLAY_COUNTER",
+    "MEMORY_TEMP",
+    "GET_GPU_RECOVERY_ACTION",
+    *(name for name, _ in _VIOLATION_POLICIES.values()),
+    *(name for name, _, _ in _ECC_FIELDS.values()),
+    *_REMAP_FIELDS,
+    *_RETIRED_FIELDS,
+)
 _LINK_FIELDS = (
+    "NVLINK_GET_STATE",
     "NVLINK_THROUGHPUT_DATA_TX",
     "NVLINK_THROUGHPUT_DATA_RX",
     "NVLINK_ERROR_DL_CRC",
@@ -163,16 +246,6 @@ _LINK_FIELDS = (
     "NVLINK_ERROR_DL_RECOVERY",
     *_NVLINK5_FIELDS.values(),
 )
-# VIOLATION_POLICIES name -> nvmlPerfPolicyType_t (nvml.h's numbers).
-_VIOLATION_POLICIES = {
-    "power": 0,  # NVML_PERF_POLICY_POWER
-    "thermal": 1,  # NVML_PERF_POLICY_THERMAL
-    "sync_boost": 2,  # NVML_PERF_POLICY_SYNC_BOOST
-    "board_limit": 3,  # NVML_PERF_POLICY_BOARD_LIMIT
-    "low_utilization": 4,  # NVML_PERF_POLICY_LOW_UTILIZATION
-    "reliability": 5,  # NVML_PERF_POLICY_RELIABILITY
-}
-assert tuple(_VIOLATION_POLICIES) == VIOLATION_POLICIES
 _FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 _REMOTE_TYPES = {0x00: "gpu", 0x01: "ibmnpu", 0x02: "switch", 0xFF: "unknown"}
 # c_nvmlValue_t member holding a field value, by nvmlValueType_t.
@@ -181,9 +254,8 @@ _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal"
 # What a return code means for the node, with nvml.h's own description of it (nvmlReturn_t).
 # A code not listed here is judged by when it comes: for NVML as a whole (init, enumeration),
 # before NVML has ever worked since the agent started it says nothing about the hardware and is
-# the deployment's (this is where DRIVER_NOT_LOADED falls: a container without the driver, or a
-# node booted without it), and after it worked, the driver broke under a running agent:
-# hardware. For one GPU while NVML works, an unlisted code is that GPU's hardware.
+# the deployment's, and after it worked, NVML broke under a running agent: hardware. For one GPU
+# while NVML works, an unlisted code is that GPU's hardware.
 _MEANING = {
     # "NVML Shared Library couldn't be found or loaded": not mounted (no NVIDIA runtime class).
     "LIBRARY_NOT_FOUND": NVML_DEPLOYMENT,
@@ -193,6 +265,13 @@ _MEANING = {
     "OPERATING_SYSTEM": NVML_DEPLOYMENT,
     # "Local version of NVML doesn't implement this function": the mounted library is too old.
     "FUNCTION_NOT_FOUND": NVML_DEPLOYMENT,
+    # "NVIDIA driver is not loaded", even after NVML worked: the driver unloaded under a running
+    # agent is an upgrade or the GPU operator's driver container, never a GPU failing (that
+    # says GPU_IS_LOST or logs an XID); a reboot would only hide it (issue 28).
+    "DRIVER_NOT_LOADED": NVML_DEPLOYMENT,
+    # "RM detects a driver/library version mismatch": the driver was upgraded under the library
+    # the agent loaded; the agent must restart with the new one.
+    "LIB_RM_VERSION_MISMATCH": NVML_DEPLOYMENT,
     # "The GPU has fallen off the bus or has otherwise become inaccessible".
     "GPU_IS_LOST": NVML_HARDWARE,
     # "NVIDIA Kernel detected an interrupt issue with a GPU".
@@ -322,11 +401,15 @@ class _Codes:
 
 @dataclass(slots=True)
 class _Gpm:
-    """Two GPM samples used alternately (previous, current) and a reusable request."""
+    """Two GPM samples used alternately (previous, current) and a reusable request; the ratios
+    of the last window, served until the next sample is due."""
 
     samples: list[Any]
     request: Any
     primed: bool = False
+    due: float = -math.inf  # clock time the next sample is taken at
+    windows: int = 0  # windows measured so far (the first is one poll long, then staggered)
+    last: Mapping[str, float] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -348,6 +431,9 @@ class _Device:
     dead_fields: set[tuple[int, int]] = field(default_factory=set)  # (field id, scope)
     request: list[tuple[int, int]] | None = None  # field-value request, rebuilt on change
     gpm: _Gpm | None = None
+    energy: float | None = None  # joules, last read
+    energy_due: float = -math.inf  # clock time the next energy read is due
+    energy_reads: int = 0
 
 
 def _text(value: Any) -> str:
@@ -360,6 +446,10 @@ def _handle_key(handle: Any) -> int:
         return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
     except (TypeError, ctypes.ArgumentError):
         return id(handle)
+
+
+def _iso(wall: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
 
 
 def _ratio(percent: float) -> float:
@@ -387,7 +477,10 @@ def _init_reason(nvml: Any, exc: BaseException) -> str:
 
 
 class NvmlGpuSource:
-    """GpuSource over NVML. `read()` polls; `start()` adds XID events; `close()` ends both."""
+    """GpuSource over NVML. `read()` polls (on the `nvml-read` thread, waiting at most
+    `deadline` s; None reads on the caller's thread, unbounded); `start()` adds XID events;
+    `close()` ends both. `energy_interval` and `gpm_interval` are how often the two costly
+    readings are taken (0: every read)."""
 
     def __init__(
         self,
@@ -396,15 +489,25 @@ class NvmlGpuSource:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         init_retry_seconds: float = INIT_RETRY_SECONDS,
+        deadline: float | None = DEADLINE_SECONDS,
+        energy_interval: float = ENERGY_INTERVAL_SECONDS,
+        gpm_interval: float = GPM_INTERVAL_SECONDS,
     ) -> None:
         if nvml is None:
             import pynvml
 
             nvml = pynvml
+        if deadline is not None and deadline <= 0:
+            raise ValueError(f"deadline must be positive, got {deadline}")
+        if energy_interval < 0 or gpm_interval < 0:
+            raise ValueError("energy_interval and gpm_interval must not be negative")
         self._nvml = nvml
         self._clock = clock
         self._wall_clock = wall_clock
         self._init_retry = init_retry_seconds
+        self._deadline = deadline
+        self._energy_interval = energy_interval
+        self._gpm_interval = gpm_interval
         self._codes = _Codes.of(nvml)
         self._error_types: tuple[type[BaseException], ...] = (nvml.NVMLError,)
         mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
@@ -437,6 +540,21 @@ class NvmlGpuSource:
         self._ready = threading.Event()  # devices enumerated: the XID thread may register
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The read thread: `read()` asks for read number `_asked`, the thread answers it in
+        # `_answer` and sets `_answered`; while they differ a read is under way.
+        self._reads = threading.Condition()
+        self._reader: threading.Thread | None = None
+        self._reader_stop = False
+        self._asked = 0
+        self._answered = 0
+        self._answer: GpuInventory | None = None
+        self._last_good: GpuInventory | None = None  # the last read that reached the GPUs
+        self._last_good_at = 0.0  # wall clock
+        self._gpu_count = 0  # what nvmlDeviceGetCount last said
+        # Where the read thread is: (GPU index or None for NVML as a whole, the NVML function,
+        # since: monotonic and wall clock). One tuple, swapped whole: read without a lock.
+        self._step: tuple[int | None, Any, float, float] = (None, None, 0.0, 0.0)
+        self._hang_logged: tuple[int | None, float] | None = None
 
     @staticmethod
     def _reason_table(nvml: Any) -> tuple[tuple[int, str], ...]:
@@ -465,9 +583,23 @@ class NvmlGpuSource:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the XID thread, free GPM samples and shut NVML down."""
+        """Stop the XID and read threads, free GPM samples and shut NVML down. A read hung in
+        NVML is left where it is (a daemon thread): freeing or shutting NVML down under it
+        could hang the caller too, and the process is ending."""
         self._stop.set()
         self._ready.set()
+        reader = self._reader
+        with self._reads:
+            self._reader_stop = True
+            self._reads.notify_all()
+        if reader is not None:
+            reader.join(timeout=CLOSE_WAIT_SECONDS)
+            self._reader = None
+            if reader.is_alive():
+                log.warning(
+                    "NVML read still hung at close (%s); not shutting NVML down", self._what()
+                )
+                return
         if self._thread is not None:
             self._thread.join(timeout=EVENT_WAIT_MS / 1000 * 4)
             self._thread = None
@@ -483,6 +615,122 @@ class NvmlGpuSource:
     # ----- read ------------------------------------------------------------------------------
 
     def read(self) -> GpuInventory:
+        """One reading of every GPU, with the XIDs delivered since the last read; never blocks
+        for longer than the deadline, never raises."""
+        inventory = self._read_safely() if self._deadline is None else self._read_bounded()
+        xids = self._drain_xids()  # the event thread's, whether or not the read got through
+        return replace(inventory, xid_events=xids) if xids else inventory
+
+    def _read_bounded(self) -> GpuInventory:
+        """Ask the read thread for a read and wait up to the deadline. A read still under way
+        from an earlier call is not waited for again (it already missed its deadline) and no
+        second one is started beside it: its NVML call is hung."""
+        with self._reads:
+            if self._asked == self._answered:
+                self._asked += 1
+                self._start_reader()
+                self._reads.notify_all()
+                self._reads.wait_for(lambda: self._answered == self._asked, self._deadline)
+            if self._answered == self._asked and self._answer is not None:
+                answer, self._answer = self._answer, None
+                self._hang_over()
+                return answer
+        return self._hung()
+
+    def _start_reader(self) -> None:
+        if self._reader is not None and self._reader.is_alive():
+            return
+        self._reader_stop = False
+        self._reader = threading.Thread(target=self._read_loop, name="nvml-read", daemon=True)
+        self._reader.start()
+
+    def _read_loop(self) -> None:
+        while True:
+            with self._reads:
+                self._reads.wait_for(lambda: self._reader_stop or self._asked != self._answered)
+                if self._reader_stop:
+                    return
+                asked = self._asked
+            answer = self._read_safely()
+            with self._reads:
+                if answer.available:
+                    self._last_good, self._last_good_at = answer, self._wall_clock()
+                self._answer, self._answered = answer, asked
+                self._reads.notify_all()
+
+    def _at(self, gpu: int | None, fn: Any) -> None:
+        """The read thread moves on to `fn` (an NVML function) on `gpu` (None: NVML as a whole)."""
+        self._step = (gpu, fn, time.monotonic(), self._wall_clock())
+
+    def _what(self) -> str:
+        gpu, fn, _, _ = self._step
+        name = getattr(fn, "__name__", None) or str(fn or "NVML")
+        return name if gpu is None else f"{name} on GPU {gpu}"
+
+    def _hung(self) -> GpuInventory:
+        """The inventory while an NVML call hangs: the GPU it hangs on down with a TIMEOUT
+        (judged as any timeout: a warning, an action only with other evidence), the others'
+        last good values marked stale (for STALE_LIMIT_SECONDS), the hang named. A call on
+        NVML as a whole fails the inventory as a whole-NVML TIMEOUT would."""
+        gpu, _, since, since_wall = self._step
+        what = self._what()
+        error = (
+            f"NVML hung: {what} has not returned for {time.monotonic() - since:.1f} s (since "
+            f"{_iso(since_wall)}; deadline {self._deadline:g} s)"
+        )
+        if self._hang_logged != (gpu, since):
+            log.warning("%s; serving without it until it returns", error)
+            self._hang_logged = (gpu, since)
+        timeout = self._codes.timeout
+        if gpu is None:
+            failure = self._codes.failure(timeout, whole_nvml=True, worked=self._worked)
+            return GpuInventory(
+                available=False,
+                error=error,
+                driver_version=self._driver_version,
+                failure=failure,
+                hung=what,
+                hung_since=since_wall,
+            )
+        down = self._codes.failure(timeout, whole_nvml=False, worked=self._worked)
+        last = self._last_good
+        fresh_enough = last is not None and self._wall_clock() - self._last_good_at <= (
+            STALE_LIMIT_SECONDS
+        )
+        known = {g.index: g for g in last.gpus} if last is not None else {}
+        readings = []
+        for index in range(max(self._gpu_count, len(known), gpu + 1)):
+            old = known.get(index)
+            if old is not None and index != gpu and fresh_enough:
+                readings.append(replace(old, stale_since=self._last_good_at))
+                continue
+            uuid, bus_id, model = self._identity.get(index, ("", "", ""))
+            why = error if index == gpu else f"not read: NVML is blocked on GPU {gpu} ({error})"
+            readings.append(
+                GpuReading(
+                    index=index,
+                    uuid=old.uuid if old else uuid,
+                    pci_bus_id=old.pci_bus_id if old else bus_id,
+                    model=old.model if old else model,
+                    up=False,
+                    error=why,
+                    failure=down,
+                )
+            )
+        return GpuInventory(
+            available=True,
+            driver_version=self._driver_version,
+            gpus=tuple(readings),
+            hung=what,
+            hung_since=since_wall,
+        )
+
+    def _hang_over(self) -> None:
+        if self._hang_logged is not None:
+            log.info("NVML answers again")
+            self._hang_logged = None
+
+    def _read_safely(self) -> GpuInventory:
         try:
             return self._read()
         except Exception as e:  # read() must never raise: a bug, logged once per distinct error
@@ -501,6 +749,7 @@ class NvmlGpuSource:
         try:
             self._enumerate()
             gpus = tuple(self._read_gpu(dev) for dev in list(self._devices))
+            self._at(None, None)
         except _NvmlGone as e:
             return self._lost_nvml(str(e), e.code)
         except self._error_types as e:
@@ -518,17 +767,13 @@ class NvmlGpuSource:
             self._lost_error = None
         self._internal_error = None
         self._worked = True
-        return GpuInventory(
-            available=True,
-            driver_version=self._driver_version,
-            gpus=gpus,
-            xid_events=self._drain_xids(),
-        )
+        return GpuInventory(available=True, driver_version=self._driver_version, gpus=gpus)
 
     def _try_init(self) -> bool:
         now = self._clock()
         if now < self._next_init:
             return False
+        self._at(None, self._nvml.nvmlInit)
         try:
             self._nvml.nvmlInit()
         except Exception as e:  # NVMLError, or anything a broken install throws
@@ -588,7 +833,9 @@ class NvmlGpuSource:
 
     def _enumerate(self) -> None:
         """Enumerate on first use and whenever the GPU count changes; retry broken entries."""
+        self._at(None, self._nvml.nvmlDeviceGetCount)
         count = int(self._nvml.nvmlDeviceGetCount())
+        self._gpu_count = count
         if count != len(self._devices):
             if self._devices:
                 log.warning("GPU count changed from %d to %d", len(self._devices), count)
@@ -615,10 +862,14 @@ class NvmlGpuSource:
         n = self._nvml
         uuid, bus_id, model = self._identity.get(index, ("", "", ""))
         handle: Any = None
+        self._at(index, n.nvmlDeviceGetHandleByIndex)
         try:
             handle = n.nvmlDeviceGetHandleByIndex(index)
+            self._step = (index, n.nvmlDeviceGetUUID, *self._step[2:])
             uuid = _text(n.nvmlDeviceGetUUID(handle))
+            self._step = (index, n.nvmlDeviceGetPciInfo, *self._step[2:])
             bus_id = _text(n.nvmlDeviceGetPciInfo(handle).busId)
+            self._step = (index, n.nvmlDeviceGetName, *self._step[2:])
             model = _text(n.nvmlDeviceGetName(handle))
         except self._error_types as e:
             self._check_nvml(e)
@@ -655,6 +906,7 @@ class NvmlGpuSource:
         """
         if name in dev.unsupported:
             return _NA
+        self._step = (dev.index, fn, *self._step[2:])  # the GPU's start time stays
         try:
             return fn(*args)
         except self._error_types as e:
@@ -677,6 +929,7 @@ class NvmlGpuSource:
         if dev.handle is None:
             error = dev.enum_error or "GPU handle unavailable"
             return self._down_reading(dev, error, dev.enum_code)
+        self._at(dev.index, None)
         self._errors = []
         try:
             reading = self._read_up(dev)
@@ -717,7 +970,6 @@ class NvmlGpuSource:
         util = self._call(dev, "utilization", n.nvmlDeviceGetUtilizationRates, h)
         memory = self._call(dev, "memory", n.nvmlDeviceGetMemoryInfo, h)
         power = self._call(dev, "power", n.nvmlDeviceGetPowerUsage, h)
-        energy = self._call(dev, "energy", n.nvmlDeviceGetTotalEnergyConsumption, h)
         temp = self._call(dev, "temperature", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
         sm = self._call(dev, "clock_sm", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM)
         mem_clock = self._call(dev, "clock_mem", n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM)
@@ -737,13 +989,13 @@ class NvmlGpuSource:
             memory_free_bytes=None if memory is _NA else int(memory.free),
             memory_total_bytes=None if memory is _NA else int(memory.total),
             power_watts=None if power is _NA else power / 1000.0,
-            energy_joules=None if energy is _NA else energy / 1000.0,
+            energy_joules=self._energy(dev),
             temperature_gpu_celsius=None if temp is _NA else float(temp),
             temperature_memory_celsius=_float(fields.get((f["MEMORY_TEMP"], 0))),
             clock_sm_hz=None if sm is _NA else sm * MHZ,
             clock_memory_hz=None if mem_clock is _NA else mem_clock * MHZ,
             clock_event_reasons=self._reasons(dev),
-            violation_ns=self._violations(dev),
+            violation_ns=self._violations(dev, fields),
             pcie_link_gen_current=None if gen is _NA else int(gen),
             pcie_link_gen_max=gen_max,
             pcie_link_width_current=None if width is _NA else int(width),
@@ -751,13 +1003,14 @@ class NvmlGpuSource:
             pcie_replays=_int(fields.get((f["PCIE_REPLAY_COUNTER"], 0))),
             pcie_tx_bytes=_int(fields.get((f["PCIE_COUNT_TX_BYTES"], 0))),
             pcie_rx_bytes=_int(fields.get((f["PCIE_COUNT_RX_BYTES"], 0))),
-            ecc=self._ecc(dev),
-            remapped_rows=self._remapped_rows(dev),
-            retired_pages=self._retired_pages(dev),
+            ecc=self._ecc(dev, fields),
+            remapped_rows=self._remapped_rows(dev, fields),
+            retired_pages=self._retired_pages(dev, fields),
             profiling=self._profiling(dev),
             fabric=self._fabric(dev),
             nvlinks=self._nvlinks(dev, fields),
             processes=self._processes(dev),
+            recovery_action=_int(fields.get((f["GET_GPU_RECOVERY_ACTION"], 0))),
             error="; ".join(self._errors) or None,
         )
 
@@ -775,6 +1028,7 @@ class NvmlGpuSource:
             dev.request = None
 
     def _link_exists(self, dev: _Device, link: int) -> bool:
+        self._step = (dev.index, self._nvml.nvmlDeviceGetNvLinkState, *self._step[2:])
         try:
             self._nvml.nvmlDeviceGetNvLinkState(dev.handle, link)
         except self._error_types as e:
@@ -823,6 +1077,41 @@ class NvmlGpuSource:
                 self._errors.append(f"field {slot_id[0]}/{slot_id[1]}: {self._nvml.NVMLError(ret)}")
         return out
 
+    def _dead(self, dev: _Device, name: str, scope: int = 0) -> bool:
+        """Whether field `name` cannot be had from the batch here: the library has no
+        nvmlDeviceGetFieldValues, or NVML answered this id NOT_SUPPORTED / INVALID_ARGUMENT.
+        Then the value is read with the call that gives it, if there is one."""
+        return "field_values" in dev.unsupported or (
+            (self._codes.fields[name], scope) in dev.dead_fields
+        )
+
+    # ----- on a longer cadence ---------------------------------------------------------------
+
+    def _due(self, dev: _Device, interval: float, reads: int) -> float:
+        """How long until the next costly read: the interval, except that after the first read
+        the GPUs' turns are spread across it (GPU i at (i + 1) / n of it), so one poll does not
+        pay for all of them. Never longer than the interval: that bounds the age served."""
+        if reads == 1 and self._devices:
+            return interval * (dev.index % len(self._devices) + 1) / len(self._devices)
+        return interval
+
+    def _energy(self, dev: _Device) -> float | None:
+        """Total energy in joules, read every `energy_interval` s (it costs ~4.2 ms a GPU on an
+        H100 however it is read); in between, the last value. A read that fails is retried
+        the next poll, with nothing served meanwhile."""
+        now = self._clock()
+        if now < dev.energy_due:
+            return dev.energy
+        n = self._nvml
+        value = self._call(dev, "energy", n.nvmlDeviceGetTotalEnergyConsumption, dev.handle)
+        if value is _NA:
+            dev.energy = None
+            return None
+        dev.energy = value / 1000.0
+        dev.energy_reads += 1
+        dev.energy_due = now + self._due(dev, self._energy_interval, dev.energy_reads)
+        return dev.energy
+
     # ----- grouped readings ------------------------------------------------------------------
 
     def _reasons(self, dev: _Device) -> frozenset[str] | None:
@@ -834,53 +1123,78 @@ class NvmlGpuSource:
             return None
         return frozenset(name for bit, name in self._reason_bits if mask & bit)
 
-    def _violations(self, dev: _Device) -> Mapping[str, int] | None:
-        """Throttled time per policy: `nvmlDeviceGetViolationStatus`, whose violationTime
-        nvml.h gives in nanoseconds, is the call DCGM's *_VIOLATION fields come from. A policy
-        answering NOT_SUPPORTED is remembered and left out; none supported gives None."""
-        n, h = self._nvml, dev.handle
+    def _violations(
+        self, dev: _Device, fields: Mapping[tuple[int, int], float]
+    ) -> Mapping[str, int] | None:
+        """Throttled time per policy, nanoseconds since driver load: the batch's
+        NVML_FI_DEV_PERF_POLICY_* values, else `nvmlDeviceGetViolationStatus` (its
+        violationTime, the call DCGM's *_VIOLATION fields come from: 0.9 ms each on an H100).
+        A policy NVML does not support is remembered and left out; none supported gives None."""
+        n, h, f = self._nvml, dev.handle, self._codes.fields
         out: dict[str, int] = {}
-        for name, policy in _VIOLATION_POLICIES.items():
+        for name, (field_name, policy) in _VIOLATION_POLICIES.items():
+            if not self._dead(dev, field_name):
+                value = fields.get((f[field_name], 0))
+                if value is not None:
+                    out[name] = int(value)
+                continue
             status = self._call(dev, f"violation_{name}", n.nvmlDeviceGetViolationStatus, h, policy)
             if status is not _NA:
                 out[name] = int(status.violationTime)
         return out or None
 
-    def _ecc(self, dev: _Device) -> EccCounts:
-        n, h = self._nvml, dev.handle
-        counts = []
-        for err_name, err in (
-            ("corrected", n.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-            ("uncorrected", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
-        ):
-            for counter_name, counter in (
-                ("volatile", n.NVML_VOLATILE_ECC),
-                ("aggregate", n.NVML_AGGREGATE_ECC),
-            ):
-                value = self._call(
-                    dev,
-                    f"ecc_{err_name}_{counter_name}",
-                    n.nvmlDeviceGetTotalEccErrors,
-                    h,
-                    err,
-                    counter,
-                )
-                counts.append(None if value is _NA else int(value))
-        return EccCounts(
-            corrected_volatile=counts[0],
-            corrected_aggregate=counts[1],
-            uncorrected_volatile=counts[2],
-            uncorrected_aggregate=counts[3],
-        )
+    def _ecc(self, dev: _Device, fields: Mapping[tuple[int, int], float]) -> EccCounts:
+        """ECC totals: the batch's NVML_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL (nvml.h: single
+        bit = corrected, double bit = uncorrected), else `nvmlDeviceGetTotalEccErrors`."""
+        n, h, f = self._nvml, dev.handle, self._codes.fields
+        counts: dict[str, int | None] = {}
+        for attr, (field_name, err, counter) in _ECC_FIELDS.items():
+            if not self._dead(dev, field_name):
+                counts[attr] = _int(fields.get((f[field_name], 0)))
+                continue
+            value = self._call(
+                dev,
+                f"ecc_{attr}",
+                n.nvmlDeviceGetTotalEccErrors,
+                h,
+                getattr(n, f"NVML_MEMORY_ERROR_TYPE_{err}"),
+                getattr(n, f"NVML_{counter}_ECC"),
+            )
+            counts[attr] = None if value is _NA else int(value)
+        return EccCounts(**counts)
 
-    def _remapped_rows(self, dev: _Device) -> RemappedRows | None:
-        rows = self._call(dev, "remapped_rows", self._nvml.nvmlDeviceGetRemappedRows, dev.handle)
-        if rows is _NA:
-            return None
-        corrected, uncorrected, pending, failure = rows
+    def _remapped_rows(
+        self, dev: _Device, fields: Mapping[tuple[int, int], float]
+    ) -> RemappedRows | None:
+        """The batch's NVML_FI_DEV_REMAPPED_* (all four, or none), else
+        `nvmlDeviceGetRemappedRows`."""
+        if not any(self._dead(dev, name) for name in _REMAP_FIELDS):
+            f = self._codes.fields
+            values = [fields[key] for name in _REMAP_FIELDS if (key := (f[name], 0)) in fields]
+            if len(values) != len(_REMAP_FIELDS):
+                return None
+            corrected, uncorrected, pending, failure = values
+        else:
+            rows = self._call(
+                dev, "remapped_rows", self._nvml.nvmlDeviceGetRemappedRows, dev.handle
+            )
+            if rows is _NA:
+                return None
+            corrected, uncorrected, pending, failure = rows
         return RemappedRows(int(corrected), int(uncorrected), bool(pending), bool(failure))
 
-    def _retired_pages(self, dev: _Device) -> RetiredPages | None:
+    def _retired_pages(
+        self, dev: _Device, fields: Mapping[tuple[int, int], float]
+    ) -> RetiredPages | None:
+        """The batch's NVML_FI_DEV_RETIRED_SBE/DBE/PENDING (counts, as the calls' lists are
+        counted), else the calls. NOT_SUPPORTED from A100 on, where rows are remapped."""
+        if not any(self._dead(dev, name) for name in _RETIRED_FIELDS):
+            f = self._codes.fields
+            values = [fields[key] for name in _RETIRED_FIELDS if (key := (f[name], 0)) in fields]
+            if len(values) != len(_RETIRED_FIELDS):
+                return None
+            sbe_count, dbe_count, pending_flag = values
+            return RetiredPages(int(sbe_count), int(dbe_count), bool(pending_flag))
         n, h = self._nvml, dev.handle
         if "retired_pages" in dev.unsupported:
             return None
@@ -960,14 +1274,20 @@ class NvmlGpuSource:
         )
 
     def _profiling(self, dev: _Device) -> Mapping[str, float] | None:
-        """GPM metrics between the previous poll's sample and this one's."""
+        """GPM metrics over a window between two samples (`nvmlGpmMetricsGet` costs ~1.9 ms a
+        GPU on an H100): the first window is one poll long, so ratios show from the second
+        poll, then one every `gpm_interval` s; in between, the last window's ratios. A sample
+        that fails starts over (nothing served until a window completes)."""
         gpm = self._gpm(dev)
         if gpm is None:
             return None
+        now = self._clock()
+        if now < gpm.due:
+            return gpm.last
         n = self._nvml
         previous, current = gpm.samples
         if self._call(dev, "gpm_sample", n.nvmlGpmSampleGet, dev.handle, current) is _NA:
-            gpm.primed = False
+            gpm.primed, gpm.last = False, None
             return None
         result: dict[str, float] | None = None
         if gpm.primed:
@@ -979,9 +1299,12 @@ class NvmlGpuSource:
                     metric = gpm.request.metrics[i]
                     if metric.nvmlReturn == self._codes.success:
                         result[key] = _ratio(metric.value)
+            gpm.windows += 1
+            gpm.due = now + self._due(dev, self._gpm_interval, gpm.windows)
         gpm.samples.reverse()
         gpm.primed = True
-        return result or None
+        gpm.last = result or None
+        return gpm.last
 
     def _gpm(self, dev: _Device) -> _Gpm | None:
         if dev.gpm is not None or "gpm" in dev.unsupported:
@@ -1012,9 +1335,14 @@ class NvmlGpuSource:
     ) -> tuple[NvLinkReading, ...]:
         n, h, f = self._nvml, dev.handle, self._codes.fields
         readings = []
+        enabled = int(n.NVML_FEATURE_ENABLED)
         for link in dev.links or ():
-            state = self._call(dev, f"nvlink_state_{link}", n.nvmlDeviceGetNvLinkState, h, link)
-            up = None if state is _NA else int(state) == int(n.NVML_FEATURE_ENABLED)
+            if not self._dead(dev, "NVLINK_GET_STATE", link):  # Hopper on, as NCCL reads it
+                state = fields.get((f["NVLINK_GET_STATE"], link))
+                up = None if state is None else int(state) == enabled
+            else:
+                state = self._call(dev, f"nvlink_state_{link}", n.nvmlDeviceGetNvLinkState, h, link)
+                up = None if state is _NA else int(state) == enabled
             remote_bus, remote_type = self._remote(dev, link, up)
             crc_data = (
                 _NA

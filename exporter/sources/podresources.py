@@ -3,6 +3,13 @@
 The kubelet serves `PodResourcesLister` on a unix socket; `List` returns, for every running
 container, the device ids each device plugin handed it. The NVIDIA device plugin's ids are GPU
 UUIDs ("GPU-..."), exactly what NVML reports, so they join the GPU readings without translation.
+
+The generated stubs (exporter/sources/podresources_pb) are imported on the first `List`, not
+with this module: `api_pb2_grpc` refuses to load under a grpcio older than the grpcio-tools
+that generated it (1.85.1) and `api_pb2` under a protobuf older than 7.35.1. An agent that
+never asks the kubelet (`--no-kubernetes`) must start whatever grpcio the image has; one that
+does and cannot load them fails the `podresources` collector with reason `grpc_unusable` and
+the message saying which version it needs, and serves everything else.
 """
 
 from __future__ import annotations
@@ -10,13 +17,13 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 import grpc
 
 from exporter.core.snapshot import PodRef
 from exporter.sources.interfaces import SourceError
-from exporter.sources.podresources_pb import api_pb2, api_pb2_grpc
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_RESOURCES = ("nvidia.com/gpu",)
@@ -65,7 +72,7 @@ class KubeletPodResources:
         self._target = "unix://" + os.path.abspath(socket_path)
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
-        self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
+        self._stub: Any = None  # api_pb2_grpc.PodResourcesListerStub
 
     def gpu_assignments(self) -> Mapping[str, PodRef]:
         """Device id -> the container holding it, for every configured resource.
@@ -104,6 +111,7 @@ class KubeletPodResources:
             raise SourceError(
                 "permission", f"no read/write access to kubelet socket {self.socket_path}"
             )
+        api_pb2, api_pb2_grpc = _stubs()
         with self._lock:
             if self._stub is None:
                 self._channel = grpc.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
@@ -131,6 +139,20 @@ class KubeletPodResources:
             self._channel.close()
         self._channel = None
         self._stub = None
+
+
+def _stubs() -> tuple[ModuleType, ModuleType]:
+    """The generated message and service modules, imported on first use; `SourceError`
+    (`grpc_unusable`) when the installed grpcio or protobuf is older than they need."""
+    try:
+        from exporter.sources.podresources_pb import api_pb2, api_pb2_grpc
+    except Exception as e:  # grpc's RuntimeError, protobuf's VersionError, an ImportError
+        raise SourceError(
+            "grpc_unusable",
+            f"cannot load the kubelet pod-resources client (grpcio {grpc.__version__}; needs"
+            f" grpcio >= 1.85.1 and protobuf >= 7.35.1): {e}",
+        ) from e
+    return api_pb2, api_pb2_grpc
 
 
 class StaticPodResources:

@@ -116,7 +116,7 @@ class NvmlConfig:
 
 @dataclass(frozen=True, slots=True)
 class MemoryConfig:
-    uncorrected_volatile_max: int = 0  # volatile DBEs tolerated before a reset is recommended
+    uncorrected_volatile_max: int = 0  # volatile DBEs tolerated before they are reported
     retired_pages_max: int = 60  # NVIDIA's RMA guidance: retirement table nearly full
 
 

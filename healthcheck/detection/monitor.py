@@ -4,7 +4,8 @@ The poller calls `observe(snapshot)` once per poll, before rendering, and render
 into the same exposition, so health series and hardware series always describe the same poll
 and NVML is read once. Everything per-node that outlives a poll lives here: the previous
 snapshot (for rates), when each finding began, the damping windows, the XID memory, and the
-counters of checks run, failed and reports written.
+counters of checks run, failed and reports written. The XID memory alone also outlives the
+agent, within one boot (`keep_xids`, healthcheck/detection/xid_state.py): an XID arrives once.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exporter.core.exposition import COUNTER, GAUGE, Family
-from exporter.core.findings import Finding, worst_first
+from exporter.core.findings import Finding, identify_gpus, worst_first
 from exporter.core.snapshot import NodeSnapshot
+from exporter.core.xid import XID_RECOVERY_ACTION_CHANGED, recovery_action_named
 from healthcheck.detection.checks import (
     FAMILIES,
     Check,
@@ -24,9 +26,10 @@ from healthcheck.detection.checks import (
     run_check_families,
 )
 from healthcheck.detection.checks.base import collector_ok
-from healthcheck.detection.checks.xid_memory import XidMemory, remember
+from healthcheck.detection.checks.xid_memory import NamedAction, XidMemory, remember
 from healthcheck.detection.config import HealthConfig
 from healthcheck.detection.damping import Damper
+from healthcheck.detection.xid_state import XidStateFile
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +70,13 @@ class HealthMonitor:
         self._previous: NodeSnapshot | None = None
         self._onset: dict[tuple[str, str], float] = {}
         self._known_gpus: frozenset[int] = frozenset()
+        # GPU index -> (UUID, PCI bus id) as last read up: what names a finding's GPU physically
+        # (a lost GPU keeps the ids it had; NVML renumbers only when the driver reloads).
+        self._gpu_ids: dict[int, tuple[str, str]] = {}
         self._known_efa: frozenset[str] = frozenset()
         self._gpu_first_seen: dict[str, float] = {}  # GPU UUID -> first poll that read it up
         self._xids = XidMemory()
+        self._xid_state: XidStateFile | None = None
         self._failing: dict[str, str] = {}
         self._lock = threading.Lock()
         self._runs: dict[str, int] = {}
@@ -81,10 +88,17 @@ class HealthMonitor:
         now = snapshot.taken_at
         try:
             self._xids = remember(
-                self._xids, snapshot.gpu.xid_events, snapshot.pods, self.config.xid, now
+                self._xids,
+                snapshot.gpu.xid_events,
+                snapshot.pods,
+                self.config.xid,
+                now,
+                named_actions(snapshot),
             )
         except Exception:  # malformed events: keep the memory we had, say so once
             self._note_failure("xid_memory", "could not record XID events", exc_info=True)
+        if self._xid_state is not None:
+            self._xid_state.save(self._xids)
         history = History(
             previous=self._previous,
             onset=dict(self._onset),
@@ -100,7 +114,9 @@ class HealthMonitor:
                 self._note_failure(name, failed[name])
             elif self._failing.pop(name, None) is not None:
                 log.info("health check %s recovered", name)
-        findings = worst_first(self._damper.update(run.findings))
+        findings = worst_first(
+            identify_gpus(self._damper.update(run.findings), self._identities(snapshot))
+        )
         self._log_changes(findings)
         self._onset = {f.key: f.first_seen for f in findings}
         self._remember_inventory(snapshot)
@@ -113,6 +129,12 @@ class HealthMonitor:
         report = HealthReport(snapshot.node, now, tuple(findings), run.failed)
         self.last = report
         return report
+
+    def keep_xids(self, state: XidStateFile) -> None:
+        """Keep the XIDs held in `state` (healthcheck/detection/xid_state.py): take over what
+        the agent before this one held in this boot, and write every change from now on."""
+        self._xids = state.load()
+        self._xid_state = state
 
     def count_report(self, outcome: str, label: str) -> None:
         """Count a reporter outcome: ("written", "condition"), ("error", "unavailable")..."""
@@ -212,8 +234,38 @@ class HealthMonitor:
                 self._gpu_first_seen.setdefault(g.uuid, now)
         return dict(self._gpu_first_seen)
 
+    def _identities(self, snapshot: NodeSnapshot) -> dict[int, tuple[str, str]]:
+        """GPU index -> (UUID, PCI bus id) for this poll's findings: this poll's readings, else
+        what an earlier poll or an XID event of this agent said about that index."""
+        ids = dict(self._gpu_ids)
+        for record in self._xids.records:
+            if record.uuid and record.gpu_index not in ids:
+                ids[record.gpu_index] = (record.uuid, "")
+        for gpu in snapshot.gpu.gpus:
+            if gpu.uuid:
+                ids[gpu.index] = (gpu.uuid, gpu.pci_bus_id)
+        return ids
+
     def _remember_inventory(self, snapshot: NodeSnapshot) -> None:
         if snapshot.gpu.available and collector_ok(snapshot, "gpu"):
             self._known_gpus |= {g.index for g in snapshot.gpu.gpus}
+            self._gpu_ids.update(
+                (g.index, (g.uuid, g.pci_bus_id)) for g in snapshot.gpu.gpus if g.uuid
+            )
         if collector_ok(snapshot, "efa"):
             self._known_efa |= {d.device for d in snapshot.efa}
+
+
+def named_actions(snapshot: NodeSnapshot) -> list[NamedAction]:
+    """The recovery actions this poll's XID 154 lines name, on the GPUs they name."""
+    reading = snapshot.kernel_log
+    if reading is None:
+        return []
+    out = []
+    for e in reading.events:
+        if e.kind != "xid" or e.code != XID_RECOVERY_ACTION_CHANGED or e.gpu_index is None:
+            continue
+        action = recovery_action_named(e.message)
+        if action is not None:
+            out.append(NamedAction(e.gpu_index, action, e.timestamp))
+    return out

@@ -7,12 +7,24 @@ action are not errors — they are returned as `ignored` with the reason, for th
 An alert is over when its status is `resolved` or its `endsAt` has passed: Alertmanager zeroes
 `endsAt` on firing alerts and sets it on resolved ones; other senders may set a future `endsAt`
 on a firing alert, a lease that ends it unless sent again (`AlertSignal.resolved`).
+
+Notifications are at-least-once and unordered: in HA mode every Alertmanager peer notifies on its
+own, deduplicating only through the notification log it gossips, so a peer can deliver an older
+*firing* notification after another peer's *resolved* one (Alertmanager docs, "High
+Availability": "Alertmanager ... provides at-least-once delivery"; the webhook receiver gets each
+alert's `startsAt`, which stays the same for one firing episode, and `fingerprint`). The resolve
+is remembered per fingerprint (`ResolvedAlert`, kept on the Node in `ALERTS_ANNOTATION`, bounded
+by count and age), and a firing whose `startsAt` is not newer than the resolve's is a replay
+(`replayed`); a firing with a later `startsAt` is a new episode of the alert and counts as usual.
+A firing without `startsAt` cannot be told apart and counts as new (Alertmanager always sets it).
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +34,11 @@ from healthcheck.remediation.state import ACTIONS, Action
 
 AlertStatus = Literal["firing", "resolved"]
 MAX_ALERTS = 10_000
+ALERTS_ANNOTATION = "topowatch.io/remediation-alerts"  # the resolves the controller remembers
+MAX_RESOLVED = 32  # per node: bounds the annotation whatever the alert rules do
+# Alertmanager keeps an alert, and so may still notify about it, for its --data.retention
+# (120 h by default); a resolve older than that cannot be replayed any more.
+RESOLVED_KEEP_S = 120 * 3600.0
 
 
 class AlertPayloadError(ValueError):
@@ -41,6 +58,120 @@ class AlertSignal:
     def resolved(self, now: float) -> bool:
         """Over: resolved by Alertmanager, or its endsAt is not in the future."""
         return self.status == "resolved" or (self.ends_at is not None and self.ends_at <= now)
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedAlert:
+    """A resolve the controller saw: which alert (fingerprint), the firing episode it ended
+    (its startsAt) and when it ended (its endsAt, else when the resolve arrived)."""
+
+    fingerprint: str
+    name: str
+    starts_at: float | None
+    ended_at: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint,
+            "alertname": self.name,
+            "startsAt": self.starts_at,
+            "endedAt": self.ended_at,
+        }
+
+
+def resolve_of(signal: AlertSignal, now: float) -> ResolvedAlert:
+    ended = signal.ends_at if signal.ends_at is not None else now
+    return ResolvedAlert(signal.fingerprint, signal.name, signal.starts_at, ended)
+
+
+def replayed(signal: AlertSignal, resolved: ResolvedAlert | None) -> bool:
+    """A firing notification for an episode already resolved: its startsAt is not newer than
+    the resolve's (or than the resolve's end, when the resolve carried no startsAt)."""
+    if resolved is None or signal.status != "firing" or signal.starts_at is None:
+        return False
+    bound = resolved.starts_at if resolved.starts_at is not None else resolved.ended_at
+    return signal.starts_at <= bound
+
+
+def older_episode(signal: AlertSignal, held: AlertSignal) -> bool:
+    """A resolve for an earlier firing episode than the one held (both startsAt known)."""
+    return (
+        signal.starts_at is not None
+        and held.starts_at is not None
+        and signal.starts_at < held.starts_at
+    )
+
+
+def remember_resolve(memory: dict[str, ResolvedAlert], resolved: ResolvedAlert, now: float) -> bool:
+    """Keep `resolved` in `memory` (fingerprint -> the latest episode's resolve), dropping
+    what is older than RESOLVED_KEEP_S and beyond MAX_RESOLVED. Whether memory changed."""
+    before = dict(memory)
+    known = memory.get(resolved.fingerprint)
+    if known is None or _episode(resolved) >= _episode(known):
+        memory[resolved.fingerprint] = resolved
+    prune_resolves(memory, now)
+    return memory != before
+
+
+def prune_resolves(memory: dict[str, ResolvedAlert], now: float) -> None:
+    for fingerprint, item in list(memory.items()):
+        if now - item.ended_at > RESOLVED_KEEP_S:
+            del memory[fingerprint]
+    if len(memory) > MAX_RESOLVED:
+        newest = sorted(memory.values(), key=lambda r: r.ended_at)[-MAX_RESOLVED:]
+        memory.clear()
+        memory.update((r.fingerprint, r) for r in newest)
+
+
+def _episode(item: ResolvedAlert) -> float:
+    return item.starts_at if item.starts_at is not None else item.ended_at
+
+
+def dump_resolves(items: Iterable[ResolvedAlert]) -> str:
+    """The annotation's value: compact JSON, oldest first."""
+    ordered = sorted(items, key=lambda r: (r.ended_at, r.fingerprint))
+    return json.dumps([r.as_dict() for r in ordered], separators=(",", ":"), sort_keys=True)
+
+
+def parse_resolves(text: str | None) -> tuple[tuple[ResolvedAlert, ...], str | None]:
+    """(resolves, problem): what can be read of the annotation, and why the rest cannot."""
+    if not text:
+        return (), None
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        return (), f"{ALERTS_ANNOTATION} is not JSON: {exc}"
+    if not isinstance(raw, list):
+        return (), f"{ALERTS_ANNOTATION} is not a JSON list"
+    out: list[ResolvedAlert] = []
+    bad = 0
+    for entry in raw[: MAX_RESOLVED * 2]:
+        item = _resolved(entry)
+        if item is None:
+            bad += 1
+        else:
+            out.append(item)
+    problem = f"{ALERTS_ANNOTATION}: {bad} malformed entries skipped" if bad else None
+    return tuple(out), problem
+
+
+def _resolved(entry: Any) -> ResolvedAlert | None:
+    if not isinstance(entry, dict):
+        return None
+    fingerprint, name = entry.get("fingerprint"), entry.get("alertname", "")
+    starts, ended = entry.get("startsAt"), entry.get("endedAt")
+    if not isinstance(fingerprint, str) or not fingerprint or not isinstance(name, str):
+        return None
+    end, start = _finite(ended), _finite(starts)
+    if end is None or (starts is not None and start is None):
+        return None
+    return ResolvedAlert(fingerprint, name, start, end)
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True)

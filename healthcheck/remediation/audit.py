@@ -23,7 +23,11 @@ log = logging.getLogger("topowatch.audit")
 
 EVENT_COMPONENT = "topowatch-remediation"
 EVENT_NAMESPACE = "default"  # where kubectl looks for Node events
-_WARN_LIFECYCLE = frozenset({"deep_check_failed", "deep_check_timeout"})
+_WARN_LIFECYCLE = frozenset({"deep_check_failed", "deep_check_timeout", "agent_silent_after_boot"})
+# Alert notifications that change nothing: no such node, nothing firing to cancel (no Event); a
+# late notification from an Alertmanager peer, ignored (an Event says so).
+_ALERT_NOOP = frozenset({"unknown_node", "not_firing"})
+_ALERT_IGNORED = frozenset({"replayed", "stale_resolve"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +133,16 @@ class Auditor:
         """An alert that ended. Results `resolved` (by Alertmanager) and `expired` (its endsAt or
         time to live passed) withdraw what it asked for: verdict `cancelled`. Results
         `not_firing` (never seen firing here) and `unknown_node` (no such Node) change nothing:
-        verdict `noop`, no Event."""
-        verdict = "noop" if result in ("unknown_node", "not_firing") else "cancelled"
+        verdict `noop`, no Event. Late notifications from an Alertmanager peer change nothing
+        either, verdict `ignored`: `replayed` (a firing not newer than the resolve already seen)
+        and `stale_resolve` (a resolve of an older episode than the firing held)."""
+        verdict = (
+            "noop"
+            if result in _ALERT_NOOP
+            else "ignored"
+            if result in _ALERT_IGNORED
+            else "cancelled"
+        )
         record = AuditRecord("alert", node, verdict, f"alert_{result}", detail, at, action)
         self._write(record, logging.INFO)
         with self._lock:
@@ -142,7 +154,9 @@ class Auditor:
     ) -> AuditRecord:
         """A change to a node's state that no decision made: recovered, attempts reset, ladder
         marks expired, the node deleted and its state dropped, a deep check's progress and
-        verdict (deep_check_running|passed|failed|timeout; a timeout is a warning: an alert)."""
+        verdict (deep_check_running|passed|failed|timeout; a timeout is a warning: an alert),
+        an agent silent since the node booted after its action (agent_silent_after_boot, a
+        warning: its findings are stale, and someone should look at the agent)."""
         record = AuditRecord("lifecycle", node, reason, reason, detail, at, action)
         self._write(record, logging.WARNING if reason in _WARN_LIFECYCLE else logging.INFO)
         with self._lock:
@@ -196,14 +210,18 @@ class Auditor:
             "topowatch_remediation_alerts_resolved",
             COUNTER,
             "Alerts that ended, by result: cancelled (its request withdrawn), expired (endsAt or"
-            " time to live passed), unknown_node and not_firing (nothing to cancel; no action).",
+            " time to live passed), unknown_node and not_firing (nothing to cancel; no action);"
+            " and late notifications ignored: replayed (a firing not newer than its resolve),"
+            " stale_resolve (a resolve of an older episode than the firing held).",
         )
         lifecycle = Family(
             "topowatch_remediation_lifecycle",
             COUNTER,
             "Node state changes no decision made: recovered, attempts_reset, ladder_expired,"
             " node_deleted (its state dropped), deep_check_running|passed|failed|timeout (a"
-            " deep health check's progress and verdict; alert on timeout).",
+            " deep health check's progress and verdict; alert on timeout),"
+            " agent_silent_after_boot (the node booted after its action and its agent has not"
+            " reported since: its findings are stale, not a recurrence).",
         )
         event_failures = Family(
             "topowatch_remediation_event_write_failures",
@@ -240,6 +258,8 @@ def node_event(record: AuditRecord) -> dict[str, Any]:
         ("lifecycle", "deep_check_passed"): "DeepHealthCheckPassed",
         ("lifecycle", "deep_check_failed"): "DeepHealthCheckFailed",
         ("lifecycle", "deep_check_timeout"): "DeepHealthCheckTimedOut",
+        ("lifecycle", "agent_silent_after_boot"): "RemediationAgentSilent",
+        ("alert", "ignored"): "RemediationAlertIgnored",
         ("outcome", "deferred"): "RemediationDeferred",
     }.get((record.kind, record.verdict), "RemediationSkipped")
     warning = record.verdict in ("act", "failed", *_WARN_LIFECYCLE) or record.kind == "problem"

@@ -22,6 +22,17 @@ label back (policy.read_deep_check) and records the verdict in the annotation; o
 that can run a deep check take part in it. A check the API defers (ConflictException: another
 on-demand check runs on the cluster) is not an attempt: counted, logged once per node until a
 check starts, asked again after deep_check.retry_seconds.
+
+Issue 28. Alert replays: a resolve is remembered per alert fingerprint, in memory and (in act
+mode) in the Node's `topowatch.io/remediation-alerts` annotation, so a restarted or failed-over
+controller still knows it; a firing whose startsAt is not newer than that resolve is a peer's late
+notification, ignored and audited (`alert_replayed`), and a resolve for an older episode than the
+firing held cancels nothing (`alert_stale_resolve`). Stale findings: the state records the node's
+boot ID with each action (`status.nodeInfo.bootID`; on Slurm the node's BootTime is read
+instead); once the node has booted since, findings first seen before that boot ask for nothing
+(policy.climb, `boot`), and a node whose findings are all from before it after AGENT_GRACE_S is
+audited once as its own outcome (`agent_silent_after_boot`): the agent did not come back, which
+is no hardware recurrence.
 """
 
 from __future__ import annotations
@@ -35,10 +46,26 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from exporter.core.exposition import GAUGE, HISTOGRAM, Family
-from exporter.core.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, decode_findings
+from exporter.core.findings import (
+    FINDINGS_ANNOTATION,
+    HEALTH_CONDITION,
+    decode_findings,
+    format_time,
+)
 from exporter.core.provenance import screen_node
 from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY
-from healthcheck.remediation.alerts import AlertSignal, ParsedAlerts
+from healthcheck.remediation.alerts import (
+    ALERTS_ANNOTATION,
+    AlertSignal,
+    ParsedAlerts,
+    ResolvedAlert,
+    dump_resolves,
+    older_episode,
+    parse_resolves,
+    remember_resolve,
+    replayed,
+    resolve_of,
+)
 from healthcheck.remediation.audit import Auditor, AuditRecord, node_event
 from healthcheck.remediation.fanout import Outcome, deep_checks, fan_out
 from healthcheck.remediation.node_report import NodeReport, report_of
@@ -47,6 +74,7 @@ from healthcheck.remediation.policy import (
     HYPERPOD_PENDING,
     OPT_OUT_LABEL,
     OPT_OUT_VALUE,
+    Boot,
     Breaker,
     ClusterFacts,
     Decision,
@@ -81,6 +109,9 @@ log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MERGE_PATCH = "application/merge-patch+json"
+# After the node booted, how long its agent may take to report again before its silence is
+# audited (a DaemonSet pod needs the kubelet, an image pull and a few polls of damping).
+AGENT_GRACE_S = 600.0
 
 
 # --- reading a Node (pure) --------------------------------------------------------------------
@@ -103,10 +134,19 @@ def read_node(obj: Mapping[str, Any]) -> NodeReport | None:
     state, state_problem = parse_state(raw_state if isinstance(raw_state, str) else None)
     if raw_state is not None and not isinstance(raw_state, str):
         state_problem = f"{STATE_ANNOTATION} is not a string"
+    raw_resolves = annotations.get(ALERTS_ANNOTATION)
+    resolves, resolves_problem = parse_resolves(
+        raw_resolves if isinstance(raw_resolves, str) else None
+    )
+    if resolves_problem is not None:
+        problems.append(resolves_problem)
     status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
     assert isinstance(status, Mapping)
     capacity = status.get("capacity") if isinstance(status.get("capacity"), Mapping) else {}
     assert isinstance(capacity, Mapping)
+    info = status.get("nodeInfo") if isinstance(status.get("nodeInfo"), Mapping) else {}
+    assert isinstance(info, Mapping)
+    boot_id = info.get("bootID")
     return report_of(
         name,
         findings,
@@ -117,6 +157,8 @@ def read_node(obj: Mapping[str, Any]) -> NodeReport | None:
         state=state,
         state_problem=state_problem,
         deep_health=str(labels.get(DEEP_HEALTH_CHECK_KEY) or ""),
+        boot_id=boot_id if isinstance(boot_id, str) else "",
+        resolved_alerts=resolves,
     )
 
 
@@ -146,6 +188,9 @@ class NodeWriter(Protocol):
 
     def post_event(self, record: AuditRecord) -> None: ...
 
+    # Optional (looked up with getattr): `write_alerts(node, resolves)` keeps the alert
+    # resolves the controller remembers for the node where its state lives.
+
 
 class KubeNodeWriter:
     """Merge-patches the state annotation and creates core/v1 Events, with the official client."""
@@ -161,6 +206,10 @@ class KubeNodeWriter:
         event = node_event(record)
         self.core_v1.create_namespaced_event(event["metadata"]["namespace"], event)
 
+    def write_alerts(self, node: str, resolves: Iterable[ResolvedAlert]) -> None:
+        body = {"metadata": {"annotations": {ALERTS_ANNOTATION: dump_resolves(resolves)}}}
+        self.core_v1.patch_node(node, body, _content_type=MERGE_PATCH)
+
 
 # --- the controller ---------------------------------------------------------------------------
 
@@ -171,15 +220,39 @@ class _NodeView:
     obj: dict[str, Any]
     alerts: dict[str, AlertSignal] = field(default_factory=dict)
     alert_seen: dict[str, float] = field(default_factory=dict)  # fingerprint → last received
+    resolved: dict[str, ResolvedAlert] = field(default_factory=dict)  # fingerprint → its resolve
+    # (boot, when this controller first saw the node booted since its action, audited yet)
+    boot_noticed: tuple[str, float, bool] | None = None
+
+    def boot(self, state: RemediationState | None) -> Boot | None:
+        """The node's boot since its last action, if it has booted since: by its BootTime
+        where the report has one (Slurm), else by a boot ID other than the action's (Kubernetes
+        publishes no boot time: findings first seen before the action began are then the ones
+        from before that boot)."""
+        report = self.report
+        if state is None:
+            return None
+        if report.booted_at is not None:
+            if report.booted_at > state.started_at:
+                return Boot(report.booted_at, f"BootTime {format_time(report.booted_at)}")
+            return None
+        if state.boot_id and report.boot_id and report.boot_id != state.boot_id:
+            return Boot(
+                state.started_at,
+                f"boot ID {report.boot_id[:8]}, not {state.boot_id[:8]} as when the"
+                f" {state.action} began at {format_time(state.started_at)}",
+            )
+        return None
 
     def request(
         self, ladder: Ladder, state: RemediationState | None, now: float, active_timeout_s: float
     ) -> NodeRequest:
         """What the node asks for now: its findings' ladder steps and its firing alerts."""
         marks = state.ladder if state is not None else ()
-        busy = state is not None and state.is_active(now, active_timeout_s)
+        boot = self.boot(state)
+        busy = state is not None and state.is_active(now, active_timeout_s) and boot is None
         deep = state.deep_check if state is not None else None
-        rungs = climb(self.report.findings, marks, ladder, now, busy, deep)
+        rungs = climb(self.report.findings, marks, ladder, now, busy, deep, boot)
         firing = [a for a in self.alerts.values() if a.action is not None]
         asking = [r.action for r in rungs if not r.hold]
         action = strongest([*asking, *(a.action for a in firing)])
@@ -194,6 +267,7 @@ class _NodeView:
             rungs,
             holding=any(r.hold for r in rungs),
             hold=self.report.hold,
+            booted=boot is not None,
         )
 
     def onset(self) -> float | None:
@@ -245,6 +319,7 @@ class RemediationController:
         self._last_audited: dict[str, tuple[str, str, str | None]] = {}
         self._dirty: set[str] = set()
         self._unwritten: list[tuple[str, RemediationState]] = []
+        self._alerts_unwritten: set[str] = set()  # nodes whose remembered resolves changed
         self._last_recheck = 0.0
         self._deferred: set[str] = set()  # nodes whose deferred deep check was logged already
         self.breaker = Breaker()
@@ -345,8 +420,10 @@ class RemediationController:
                 self._expire_alerts(now, records)
             decisions, acts = self._decide(now, records)
             unwritten, self._unwritten = self._unwritten, []
+            remembered = self._resolves_to_write()
         for name, state in unwritten:
             self._store(name, state, now, records)
+        self._store_resolves(remembered, now, records)
         self._act(acts, now, records)
         self._post_events(records)
         return decisions
@@ -402,6 +479,8 @@ class RemediationController:
             view = self._views[name] = _NodeView(report, obj)
         else:
             view.report, view.obj = report, obj
+        for resolved in report.resolved_alerts:  # written by this controller, or before a restart
+            remember_resolve(view.resolved, resolved, now)
         self._dirty.add(name)
 
     def _forget_node(self, obj: Any, now: float, records: list[AuditRecord]) -> None:
@@ -464,14 +543,86 @@ class RemediationController:
                     )
                 continue
             if not over:
+                if self._replay(view, signal, now, records):
+                    continue
                 view.alerts[signal.fingerprint] = signal
                 view.alert_seen[signal.fingerprint] = now
             elif signal.status == "resolved":
+                if remember_resolve(view.resolved, resolve_of(signal, now), now):
+                    self._alerts_unwritten.add(signal.node)
+                held = view.alerts.get(signal.fingerprint)
+                if held is not None and older_episode(signal, held):
+                    records.append(
+                        self.auditor.alert(
+                            signal.node,
+                            "stale_resolve",
+                            f"{signal.name} resolved for its episode that started"
+                            f" {_stamp(signal.starts_at)}, older than the firing held (started"
+                            f" {_stamp(held.starts_at)}): a late notification; that firing"
+                            " stands",
+                            now,
+                            held.action,
+                        )
+                    )
+                    continue
                 self._end_alert(view, signal, "resolved", "Alertmanager resolved it", now, records)
             else:
                 ended = f"its endsAt {signal.ends_at:.0f} has passed"
                 self._end_alert(view, signal, "expired", ended, now, records)
             self._dirty.add(signal.node)
+
+    def _replay(
+        self, view: _NodeView, signal: AlertSignal, now: float, records: list[AuditRecord]
+    ) -> bool:
+        """A firing for an episode this controller saw resolved: a late notification from an
+        Alertmanager peer (at-least-once, unordered), ignored and audited."""
+        resolved = view.resolved.get(signal.fingerprint)
+        if not replayed(signal, resolved):
+            return False
+        assert resolved is not None
+        records.append(
+            self.auditor.alert(
+                signal.node,
+                "replayed",
+                f"{signal.name} firing since {_stamp(signal.starts_at)} is not newer than its"
+                f" resolve (episode started {_stamp(resolved.starts_at)}, ended"
+                f" {_stamp(resolved.ended_at)}): a late notification, ignored; a new episode"
+                " (a later startsAt) would count",
+                now,
+                signal.action,
+            )
+        )
+        return True
+
+    def _resolves_to_write(self) -> list[tuple[str, tuple[ResolvedAlert, ...]]]:
+        """Nodes whose remembered resolves changed, to be written (act mode, leader only: a
+        standby and observe mode write nothing to Nodes; their memory stays in the process)."""
+        changed, self._alerts_unwritten = self._alerts_unwritten, set()
+        if self.config.mode != "act" or not self._was_leading:
+            return []
+        return [
+            (name, tuple(view.resolved.values()))
+            for name in sorted(changed)
+            if (view := self._views.get(name)) is not None
+        ]
+
+    def _store_resolves(
+        self,
+        items: list[tuple[str, tuple[ResolvedAlert, ...]]],
+        now: float,
+        records: list[AuditRecord],
+    ) -> None:
+        write = getattr(self.writer, "write_alerts", None)
+        if write is None:
+            return
+        for name, resolves in items:
+            try:
+                write(name, resolves)
+            except Exception as exc:  # the memory stays in the process (the next resolve for
+                # the node writes it all again); a restart before then would not know it
+                records.append(
+                    self.auditor.problem(name, "alert_memory_write_failed", str(exc), now)
+                )
 
     def _end_alert(
         self,
@@ -537,6 +688,7 @@ class RemediationController:
             if state is not None and state.deep_check_waiting():
                 state = self._read_deep_check(name, state, view.report.deep_health, now, records)
             request = view.request(self.config.ladder, state, now, self.config.active_timeout_s)
+            self._agent_silence(view, state, request, now, records)
             before = self._requested.get(name)
             self._requested[name] = request.action
             self._rungs[name] = request.rungs
@@ -582,6 +734,42 @@ class RemediationController:
         audited += [d for d in decisions if self._audit(d, records)]
         acts = [(d, self._views[d.node]) for d in decisions if d.verdict == "act"]
         return audited, acts
+
+    def _agent_silence(
+        self,
+        view: _NodeView,
+        state: RemediationState | None,
+        request: NodeRequest,
+        now: float,
+        records: list[AuditRecord],
+    ) -> None:
+        """A node that booted after its action while every finding it shows is from before that
+        boot: its agent has not reported since. After AGENT_GRACE_S that is audited, once per
+        boot, as what it is (the agent did not come back), not as the fault returning."""
+        boot = view.boot(state)
+        stale = [r for r in request.rungs if r.stale]
+        if boot is None or not stale or len(stale) != len(request.rungs):
+            view.boot_noticed = None
+            return
+        key = view.report.boot_id or f"{boot.before:.0f}"
+        if view.boot_noticed is None or view.boot_noticed[0] != key:
+            view.boot_noticed = (key, now, False)
+        _, noticed, audited = view.boot_noticed
+        if audited or now - noticed < AGENT_GRACE_S:
+            return
+        view.boot_noticed = (key, noticed, True)
+        assert state is not None
+        detail = (
+            f"the node booted after the {state.action} of {format_time(state.started_at)}"
+            f" ({boot.how}) and its agent has not reported since ({now - noticed:.0f} s):"
+            f" {len(stale)} findings from before that boot are stale, not the fault returning;"
+            " check the node agent"
+        )
+        records.append(
+            self.auditor.lifecycle(
+                view.report.name, "agent_silent_after_boot", detail, now, state.action
+            )
+        )
 
     def _read_deep_check(
         self, name: str, state: RemediationState, label: str, now: float, records: list[AuditRecord]
@@ -698,6 +886,7 @@ class RemediationController:
                     if checking
                     else (prior.deep_check if prior is not None else None)
                 ),
+                boot_id=view.report.boot_id,
             )
             request = ActionRequest(decision.node, decision.action, view.obj, decision.as_dict())
             planned.append(_Planned(state, request, prior, decision.rungs))
@@ -726,7 +915,7 @@ class RemediationController:
         ok = outcome.ok
         detail = outcome.detail
         if outcome.deferred:
-            self._defer(request.node, plan.prior, detail, now, records)
+            self._defer(request.node, request.action, plan.prior, detail, now, records)
             return None
         self._deferred.discard(request.node)
         did = outcome.performed
@@ -759,14 +948,17 @@ class RemediationController:
     def _defer(
         self,
         node: str,
+        action: Action,
         prior: RemediationState | None,
         detail: str,
         now: float,
         records: list[AuditRecord],
     ) -> None:
-        """A deep check the API will not start yet: back to where the node stood, outcome
-        `deferred` (asked again after deep_check.retry_seconds; not an attempt, no cooldown, no
-        budget), counted every time, logged once until a check starts."""
+        """An action the provider will not carry out yet (a deep check while another runs on the
+        cluster; a Slurm node someone else took out of service since it was read): back to
+        where the node stood, outcome `deferred` (not an attempt, no cooldown, no budget; a deep
+        check is asked again after deep_check.retry_seconds), counted every time, logged once
+        until an action starts."""
         with self._lock:
             state = self._states[node]
         deferred = replace(
@@ -781,7 +973,7 @@ class RemediationController:
         self._store(node, deferred, now, records)
         first = node not in self._deferred
         self._deferred.add(node)
-        record = self.auditor.deferred(node, "deep-check", detail, now, first)
+        record = self.auditor.deferred(node, action, detail, now, first)
         if record is not None:
             records.append(record)
 
@@ -983,3 +1175,7 @@ def _state_dict(state: RemediationState, config: PolicyConfig) -> dict[str, Any]
 def _window(mark: LadderMark, ladder: Ladder) -> float:
     rule = ladder.rule_named(mark.rule)
     return 0.0 if rule is None else rule.steps[min(mark.step, len(rule.steps) - 1)].within_s
+
+
+def _stamp(at: float | None) -> str:
+    return "(no time)" if at is None else format_time(at)

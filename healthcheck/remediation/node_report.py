@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exporter.core.findings import Finding
+from healthcheck.remediation.alerts import ResolvedAlert
 from healthcheck.remediation.policy import strongest
 from healthcheck.remediation.state import ACTIONS, Action, RemediationState
 
@@ -31,6 +32,13 @@ class NodeReport:
     findings: tuple[Finding, ...] = ()  # the actionable findings that ask for an action
     deep_health: str = ""  # sagemaker.amazonaws.com/deep-health-check-status, "" when absent
     hold: tuple[str, str] = ("", "")  # (code, detail): not to be acted on now (NodeRequest.hold)
+    # Which boot of the node this is: Kubernetes' status.nodeInfo.bootID, or Slurm's BootTime
+    # (as text); "" when unknown. Recorded with an action, so a later one means a reboot since.
+    boot_id: str = ""
+    booted_at: float | None = None  # when the node booted, where that is known (Slurm's BootTime)
+    # Alerts Alertmanager already resolved for this node, as the controller recorded them on it
+    # (the Node's `topowatch.io/remediation-alerts` annotation): a late firing replay is ignored.
+    resolved_alerts: tuple[ResolvedAlert, ...] = ()
 
 
 def report_of(
@@ -45,6 +53,9 @@ def report_of(
     state_problem: str | None = None,
     deep_health: str = "",
     hold: tuple[str, str] = ("", ""),
+    boot_id: str = "",
+    booted_at: float | None = None,
+    resolved_alerts: tuple[ResolvedAlert, ...] = (),
 ) -> NodeReport:
     """A NodeReport from a node's findings (its annotation, or its agent's health API) and the
     facts about the node the policy needs. Only actionable findings that ask for an action
@@ -64,4 +75,7 @@ def report_of(
         findings=tuple(acting),
         deep_health=deep_health,
         hold=hold,
+        boot_id=boot_id,
+        booted_at=booted_at,
+        resolved_alerts=resolved_alerts,
     )

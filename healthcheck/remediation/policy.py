@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from exporter.core.findings import Finding
+from exporter.core.findings import Finding, format_time, gpu_index
 from exporter.core.xid import catalog, describe
 from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY as _DHC_LABEL
 from exporter.topology.labels import HEALTH_STATUS_KEY
@@ -142,10 +142,14 @@ _REBOOT_FIRST = (Step("reboot"), Step("replace"))
 # NVIDIA's health-validation order (drain → reset GPU → restart OS → service) with the catalog's
 # first step: RESET_GPU (and the XID 48 / NVLink workflows, which begin with a reset) start at a
 # reset; RESTART_BM/RESTART_VM, XID 79 among them, at a reboot. A GPU gone from NVML is XID 79 as
-# NVML sees it. A GPU NVML answers RESET_REQUIRED for, or with a row remap or page retirement
-# pending a reset, starts at a reset. Findings no rule matches (row-remap failure, retired-page
-# limit: hardware that a reset cannot mend) keep the action the check gave them. Draining is not
-# a step: every action begins with it (HyperPod drains first; the kubernetes provider cordons).
+# NVML sees it. A GPU NVML answers RESET_REQUIRED for, or with a page retirement pending a reset,
+# starts at a reset. The driver's own recovery action (NVML field 230 or the XID 154 announcing
+# it) starts where it says: GPU reset or drain-and-reset at a reset, node reboot at a reboot. A
+# row remap pending after a contained error asks for nothing (running work continues, the remap
+# waits for the next reset: NVIDIA's memory error management), so it has no rule. Findings no
+# rule matches (row-remap failure, retired-page limit: hardware that a reset cannot mend) keep
+# the action the check gave them. Draining is not a step: every action begins with it (HyperPod
+# drains first; the kubernetes provider cordons).
 DEFAULT_LADDER = Ladder(
     (
         LadderRule("xid-79", "xid", _REBOOT_FIRST, xids=frozenset({79})),
@@ -163,7 +167,8 @@ DEFAULT_LADDER = Ladder(
         LadderRule("xid-app-repeat", "xid_app_repeat", _RESET_FIRST),
         LadderRule("gpu-reset-required", "gpu_reset_required", _RESET_FIRST),  # NVML said so
         LadderRule("gpu-missing", "gpu_missing", _REBOOT_FIRST),
-        LadderRule("row-remap-pending", "row_remap_pending", _RESET_FIRST),
+        LadderRule("gpu-recovery-reset", "gpu_recovery_reset", _RESET_FIRST),  # driver said so
+        LadderRule("gpu-recovery-reboot", "gpu_recovery_reboot", _REBOOT_FIRST),  # driver said so
         LadderRule("retired-pages-pending", "retired_pages_pending", _RESET_FIRST),
     )
 )
@@ -316,9 +321,15 @@ class Rung:
     within_s: float = 0.0
     # Non-empty: the finding asks for nothing now, and why (its deep check passed, say).
     hold: str = ""
+    # What the ladder follows for it: the physical GPU (UUID, else `pci:<bus id>`) when the
+    # finding names one, "" for the component itself (not a GPU, or an agent that sent no ids).
+    device: str = ""
+    stale: bool = False  # held because it was first seen before the node's boot (see `climb`)
 
     def describe(self) -> str:
         if not self.rule:
+            if self.hold:
+                return f"{self.check}@{self.component}: {self.hold}; nothing asked"
             return f"{self.check}@{self.component}: {self.action}, {self.why}"
         if self.hold:
             return (
@@ -332,8 +343,17 @@ class Rung:
         )
         return (
             f"{self.rule}@{self.component} step {self.step + 1}/{self.steps}"
-            f" {self.action} ({self.why}){after}"
+            f" {self.action} ({self.why}){after}{self.followed()}"
         )
+
+    def followed(self) -> str:
+        """What the ladder followed, where it is not the component as named: the physical GPU,
+        or, for a GPU known only by its index, that it was the index."""
+        if self.device and self.device != self.component:
+            return f" [{self.device}]"
+        if gpu_index(self.component) is not None and not self.device:
+            return " [by GPU index: the agent sent no GPU UUID or PCI bus id]"
+        return ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -347,7 +367,37 @@ class Rung:
             "next": self.then,
             "next_within_hours": self.within_s / HOUR if self.then else None,
             "hold": self.hold or None,
+            "device": self.device or None,
         }
+
+
+# The rules whose failure is "this GPU is gone": XID 79 (fallen off the bus) and a GPU NVML no
+# longer finds are one fault seen two ways (a GPU lost from NVML is XID 79 as NVML sees it).
+LOST_GPU_XID = 79
+GPU_MISSING = "gpu_missing"
+
+
+def ladder_device(finding: Finding) -> str:
+    """The physical GPU a `gpuN[:...]` finding names, as the ladder keys it: its UUID, else
+    `pci:<bus id>`, with the component's sub-part (`:link3`) kept; "" when the finding names no
+    GPU or carries neither id (an agent older than issue 28: the index is all there is)."""
+    if gpu_index(finding.component) is None:
+        return ""
+    ident = finding.uuid or (f"pci:{finding.pci_bus_id}" if finding.pci_bus_id else "")
+    if not ident:
+        return ""
+    _, _, sub = finding.component.partition(":")
+    return f"{ident}:{sub}" if sub else ident
+
+
+@dataclass(frozen=True, slots=True)
+class Boot:
+    """The node has booted since its last action: findings first seen before `before` come from
+    before that boot (the failure the action treated), not a recurrence. `how` says how that is
+    known, for the audit."""
+
+    before: float
+    how: str
 
 
 def climb(
@@ -357,33 +407,63 @@ def climb(
     now: float,
     in_progress: bool = False,
     deep: DeepCheck | None = None,
+    boot: Boot | None = None,
 ) -> tuple[Rung, ...]:
     """Each acting finding's step: the first step, or the next one after the last taken step
     when the same rule fires on the same component within that step's window.
+
+    The component is the physical one: a GPU finding that carries the GPU's UUID (or PCI bus
+    id) is followed by it, so the GPU NVML renumbers into the index of one that was lost starts
+    its own ladder, and a lost GPU is still the same GPU under another index. A finding without
+    ids (an agent older than issue 28) is followed by its index, and its step says so. XID 79
+    and a missing GPU are one fault (`LOST_GPU_XID`): a GPU treated for falling off the bus that
+    is missing after the step is that failure again, and takes the next step.
 
     `in_progress`: the node's last action is still under way; a finding first seen before that
     step was taken is the failure the step is treating, not a new one, so it stays on that step.
     `deep`: the node's last deep check; after a rule's deep-check step its verdict decides (see
     `_after_deep_check`), not the window.
+    `boot`: the node booted after its last action; a finding first seen before that boot is
+    stale (the agent has not reported since, or remembered it across the boot): it asks for
+    nothing and is no recurrence, however long the action's in-progress window has been over.
     """
     taken = {m.key: m for m in marks}
+    lost = _lost_gpu_rules(ladder) if taken else frozenset()  # only other marks need it
     rungs: list[Rung] = []
     for finding in findings:
         if finding.action not in ACTIONS:
             continue
         rule = ladder.rule_for(finding)
+        device = ladder_device(finding)
+        stale = _stale(finding, boot)
         if rule is None:
-            rungs.append(Rung(finding.check, finding.component, finding.action))
+            rungs.append(
+                Rung(
+                    finding.check,
+                    finding.component,
+                    finding.action,
+                    hold=stale,
+                    device=device,
+                    stale=bool(stale),
+                )
+            )
             continue
-        mark = taken.get((rule.name, finding.component))
+        mark, via = _mark_for(rule, finding, device, taken, lost)
+        if mark is not None and via:
+            device = mark.device or mark.component  # the GPU that step was taken for
         hold = ""
-        if mark is not None and mark.performed == DEEP_CHECK and mark.step < len(rule.steps):
+        if stale:
+            step = min(mark.step, len(rule.steps) - 1) if mark is not None else 0
+            why, hold = "from before the node's last boot", stale
+        elif mark is not None and mark.performed == DEEP_CHECK and mark.step < len(rule.steps):
             step, why, hold = _after_deep_check(rule, mark, deep, finding, now)
         elif mark is not None and in_progress and finding.first_seen <= mark.at:
             step = min(mark.step, len(rule.steps) - 1)
             why = f"the {mark.performed} of {(now - mark.at) / 60:.0f} min ago is under way"
         else:
             step, why = _position(rule, mark, now)
+        if via:
+            why = f"{why}; {via}"
         following = rule.steps[step + 1] if step + 1 < len(rule.steps) else None
         rungs.append(
             Rung(
@@ -397,9 +477,74 @@ def climb(
                 following.action if following else None,
                 rule.steps[step].within_s if following else 0.0,
                 hold,
+                device,
+                bool(stale),
             )
         )
     return tuple(rungs)
+
+
+def _stale(finding: Finding, boot: Boot | None) -> str:
+    """Why the finding is from before the node's last boot ("" when it is not)."""
+    if boot is None or finding.first_seen >= boot.before:
+        return ""
+    return (
+        f"first seen {format_time(finding.first_seen)}, before the node's boot after its last"
+        f" action ({boot.how}): stale, not a recurrence"
+    )
+
+
+def _lost_gpu_rules(ladder: Ladder) -> frozenset[str]:
+    """The rules that follow a lost GPU: those for `gpu_missing`, and the one XID 79 takes."""
+    names = {r.name for r in ladder.rules if r.check == GPU_MISSING}
+    first = next((r for r in ladder.rules if r.matches("xid", [LOST_GPU_XID])), None)
+    if first is not None:
+        names.add(first.name)
+    return frozenset(names)
+
+
+def _mark_for(
+    rule: LadderRule,
+    finding: Finding,
+    device: str,
+    taken: Mapping[tuple[str, str], LadderMark],
+    lost: frozenset[str],
+) -> tuple[LadderMark | None, str]:
+    """The mark a finding continues from, and how it was found ("" for its own rule and key).
+
+    A lost-GPU rule also continues a lost-GPU mark of the other kind on the same GPU; and a
+    GPU missing from the node with no id of its own (after a boot NVML counts fewer GPUs, and
+    no longer knows which one is gone) continues the lost-GPU step taken on a GPU of the node,
+    since that GPU not coming back is what such a step leaves behind.
+    """
+    key = device or finding.component
+    mark = taken.get((rule.name, key))
+    if mark is not None or rule.name not in lost:
+        return mark, ""
+    same = [m for m in taken.values() if m.rule in lost and m.rule != rule.name and m.key[1] == key]
+    if same:
+        found = max(same, key=lambda m: (action_rank(m.performed), m.at))
+        return _as_step_of(rule, found), f"the same fault as {found.rule}@{found.component}"
+    if finding.check != GPU_MISSING or device or gpu_index(finding.component) is not None:
+        return None, ""
+    treated = [m for m in taken.values() if m.rule in lost and m.key[1] != "node"]
+    if not treated:
+        return None, ""
+    found = max(treated, key=lambda m: (action_rank(m.performed), m.at))
+    shown = f"{found.component} ({found.device})" if found.device else found.component
+    return (
+        _as_step_of(rule, found),
+        f"a GPU is missing after the {found.performed} for {found.rule}@{shown}: that GPU did"
+        " not come back",
+    )
+
+
+def _as_step_of(rule: LadderRule, mark: LadderMark) -> LadderMark:
+    """Another rule's mark placed on `rule`: at its highest step not above what was done."""
+    steps = [
+        i for i, s in enumerate(rule.steps) if action_rank(s.action) <= action_rank(mark.action)
+    ]
+    return replace(mark, rule=rule.name, step=steps[-1] if steps else 0)
 
 
 def _after_deep_check(
@@ -477,7 +622,9 @@ def mark_ladder(
     for rung in rungs:
         if rung.rule and not rung.hold and (performed == DEEP_CHECK) == (rung.action == DEEP_CHECK):
             done = performed if action_rank(performed) >= action_rank(rung.action) else rung.action
-            mark = LadderMark(rung.rule, rung.component, rung.step, rung.action, done, now)
+            mark = LadderMark(
+                rung.rule, rung.component, rung.step, rung.action, done, now, rung.device
+            )
             kept[mark.key] = mark
     newest = sorted(kept.values(), key=lambda m: m.at)[-MAX_LADDER_MARKS:]
     return tuple(sorted(newest, key=lambda m: m.key))
@@ -584,6 +731,10 @@ class NodeRequest:
     # (code, detail), e.g. ("unavailable", "slurm: DRAIN (maintenance)") for a node someone
     # else took out of service, or ("agent_unreadable", ...) when its findings are in doubt.
     hold: tuple[str, str] = ("", "")
+    # The node has booted since its last action began (a new boot ID, a later BootTime): that
+    # action has run its course, so it no longer holds the node as in progress (cooldown and
+    # budget still apply), and what the node reports now is new.
+    booted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -723,7 +874,11 @@ def decide(
             decisions.append(
                 make("skip", "deep_check_deferred", f"{state.message}; asked again in {left:.0f} s")
             )
-        elif state is not None and state.is_active(now, config.active_timeout_s):
+        elif (
+            state is not None
+            and state.is_active(now, config.active_timeout_s)
+            and not request.booted
+        ):
             decisions.append(
                 make(
                     "skip",

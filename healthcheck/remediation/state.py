@@ -11,7 +11,12 @@ has reported healthy, so a restarted controller continues a ladder where it stoo
 attempt count resets after a healthy period, both from the annotation alone. A HyperPod deep health
 check the controller started (the optional `deep-check` step) is recorded here too, before the API
 call, with what the node's deep-health label said then, so a restarted controller goes on waiting
-for that check's result and never starts a second one."""
+for that check's result and never starts a second one.
+
+Issue 28: a ladder mark names the physical GPU it was taken for (`device`: its UUID or PCI bus
+id), so a GPU renumbered after another one was lost is not mistaken for it; and the state keeps
+the node's boot ID as it was when the action was decided, so a restarted controller still tells
+the findings from before the reboot that followed from a new failure."""
 
 from __future__ import annotations
 
@@ -60,10 +65,15 @@ class LadderMark:
     action: Action  # that step's action
     performed: Action  # what the providers did for it (a reset may be done as a reboot)
     at: float  # when the action was started
+    # The physical GPU the step was taken for (its UUID, else `pci:<bus id>`), when the finding
+    # named one; "" (marks written before issue 28, findings from older agents): the component
+    # (a GPU index, which NVML reassigns when a GPU is lost and the node boots without it).
+    device: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
-        return (self.rule, self.component)
+        """What the ladder follows: the rule, and the physical device or else the component."""
+        return (self.rule, self.device or self.component)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +111,10 @@ class RemediationState:
     ladder: tuple[LadderMark, ...] = ()
     healthy_since: float | None = None  # reporting healthy without a break since then
     deep_check: DeepCheck | None = None  # the last deep check started on the node
+    # The node's boot ID when the action was decided (Kubernetes' status.nodeInfo.bootID; on
+    # Slurm its BootTime): another one later means the node has booted since the action began,
+    # so findings from before that boot describe the failure it treated, not a new one.
+    boot_id: str = ""
 
     def deep_check_waiting(self) -> bool:
         """A deep check was asked for (or accepted) and its result is not in yet."""
@@ -123,11 +137,20 @@ def state_document(state: RemediationState) -> dict[str, Any]:
     """The state as a JSON object: the annotation's content, or one node's entry in the Slurm
     controller's state file."""
     raw = asdict(state)
-    raw["ladder"] = [asdict(m) for m in sorted(state.ladder, key=lambda m: m.key)]
+    raw["ladder"] = [_mark_document(m) for m in sorted(state.ladder, key=lambda m: m.key)]
     if state.deep_check is None:
         del raw["deep_check"]  # annotations without a deep check stay as they were
     else:
         raw["deep_check"]["checks"] = list(state.deep_check.checks)
+    if not state.boot_id:
+        del raw["boot_id"]  # nor do those written without a boot ID
+    return raw
+
+
+def _mark_document(mark: LadderMark) -> dict[str, Any]:
+    raw = asdict(mark)
+    if not mark.device:
+        del raw["device"]
     return raw
 
 
@@ -177,8 +200,21 @@ def state_from_document(raw: dict[str, Any]) -> RemediationState:
         raise ValueError("ladder has two marks for one rule and component")
     deep_raw = raw.get("deep_check")
     deep = None if deep_raw is None else _deep_check(deep_raw)
+    boot_id = raw.get("boot_id", "")
+    if not isinstance(boot_id, str):
+        raise ValueError("boot_id must be a string")
     return RemediationState(
-        action, started, provider, attempts, outcome, finished, message, ladder, healthy, deep
+        action,
+        started,
+        provider,
+        attempts,
+        outcome,
+        finished,
+        message,
+        ladder,
+        healthy,
+        deep,
+        boot_id,
     )
 
 
@@ -220,6 +256,9 @@ def _mark(raw: Any, index: int) -> LadderMark:
         raise ValueError(f"ladder[{index}]: rule and component must be non-empty strings")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"ladder[{index}]: step {step!r} is not a non-negative integer")
+    device = raw.get("device", "")
+    if not isinstance(device, str):
+        raise ValueError(f"ladder[{index}]: device must be a string")
     return LadderMark(
         rule,
         component,
@@ -227,6 +266,7 @@ def _mark(raw: Any, index: int) -> LadderMark:
         _action(raw.get("action"), f"ladder[{index}].action"),
         _action(raw.get("performed"), f"ladder[{index}].performed"),
         _number(raw.get("at"), f"ladder[{index}].at"),
+        device,
     )
 
 

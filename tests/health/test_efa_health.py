@@ -242,14 +242,67 @@ def _judge(
     return {f.key: f for f in findings}
 
 
-def test_any_uncompleted_admin_command_is_critical() -> None:
-    """NVSentinel: an increase of no_completion_cmds is fatal to the admin queue."""
+def test_any_uncompleted_admin_command_is_fatal() -> None:
+    """NVSentinel: an increase of no_completion_cmds is fatal to the admin queue (efa_com.c:
+    the timeout clears the queue's running state; "Admin queue is closed" from then on). Fatal,
+    not critical as before issue 28: damping must not wait for three polls of a rise."""
     found = _judge(
         _counters({"no_completion_cmds": 0}, {}, T0),
         _counters({"no_completion_cmds": 1}, {}, T0 + 60),
     )
     f = found[("efa_admin_queue", "rdmap16s27")]
-    assert (f.severity, f.action) == ("critical", "reboot")
+    assert (f.severity, f.action) == ("fatal", "reboot")
+    assert "+1" in f.evidence
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "fires"),
+    [
+        (None, 1, True),  # the first reading already above zero: the queue is still closed
+        (1, 1, True),  # no new increase, no reset: still closed (it fired only while rising)
+        (3, 4, True),
+        (0, 0, False),
+        (5, 0, False),  # the device was reset: the counters restart at zero, the queue works
+    ],
+)
+def test_the_admin_queue_finding_lasts_until_the_device_is_reset(
+    before: int | None, now: int, fires: bool
+) -> None:
+    previous = None if before is None else _counters({"no_completion_cmds": before}, {}, T0)
+    current = _counters({"no_completion_cmds": now}, {}, T0 + STEP)
+    found = efa.check(current, History(previous=previous), HealthConfig(), T0 + STEP)
+    assert (("efa_admin_queue", "rdmap16s27") in {f.key for f in found}) is fires
+
+
+def test_one_increase_is_acted_on_at_once_and_kept_until_reset() -> None:
+    """Through the monitor (damping 3 of 5): actionable on the poll of the single increase, and
+    on every poll after it while the counter stays, never damped away; gone after the reset."""
+    monitor = HealthMonitor(families=[("efa", efa.check)])
+    counts = [0, 1, 1, 1, 1, 1, 1, 1, 0]
+    seen = []
+    for i, n in enumerate(counts):
+        report = monitor.observe(_counters({"no_completion_cmds": n}, {}, T0 + i * STEP))
+        f = keyed(report).get(("efa_admin_queue", "rdmap16s27"))
+        seen.append(None if f is None else f.actionable)
+    assert seen == [None, True, True, True, True, True, True, True, None]
+
+
+def test_simulated_admin_command_that_never_completes(p5: SimulatedSysfs) -> None:
+    """The simulation's `efa-admin-timeout`: no_completion_cmds +1 in sysfs, read by the
+    production reader; actionable on the next poll and for as long as the fault (the closed
+    queue) lasts; clearing it is the device reset, after which nothing is left."""
+    fault = Fault(kind="efa-admin-timeout", device=EFA_ONLY)
+    monitor = HealthMonitor(families=[("efa", efa.check)])
+    observe(p5, 2, monitor)
+    p5.inject(fault)
+    first = observe(p5, 1, monitor, start=T0 + 2 * STEP)
+    f = keyed(first)[("efa_admin_queue", EFA_ONLY)]
+    assert (f.severity, f.action, f.actionable) == ("fatal", "reboot", True)
+    later = observe(p5, 6, monitor, start=T0 + 3 * STEP)
+    assert ("efa_admin_queue", EFA_ONLY) in {f.key for f in later.actionable}
+    p5.clear(fault)
+    after = observe(p5, 1, monitor, start=T0 + 9 * STEP)
+    assert ("efa_admin_queue", EFA_ONLY) not in keyed(after)
 
 
 def test_a_counter_reset_is_a_new_series_not_a_rate() -> None:

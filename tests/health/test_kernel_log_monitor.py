@@ -568,3 +568,99 @@ def test_lines_of_one_kind_on_one_component_make_one_finding_with_the_strongest_
     ]
     assert (found.component, found.severity, found.action) == ("gpu4", "critical", "reboot")
     assert found.evidence.startswith("4 kernel log line(s), latest 10s ago")
+
+
+# -- issue 28: the lines the table missed, from the simulated node's /dev/kmsg -----------------
+
+
+def test_a_bare_xid_line_is_an_xid(agents: list[Agent], tmp_path: Path) -> None:
+    """`NVRM: Xid (PCI:...): 46` with nothing after the code (the record cut there) was missed:
+    it is XID 46 (RESET_GPU) on the GPU the address names, once with NVML's event."""
+    agent = make(agents, tmp_path, "xid-bare=46@gpu4")
+    snapshot = [agent.poll() for _ in range(3)][-1]
+    assert snapshot.kernel_log is not None
+    assert [(c.kind, c.gpu, c.count) for c in snapshot.kernel_log.counts] == [("xid", "4", 1)]
+    assert agent.xid_count(snapshot, 4, 46) == 1
+    report = agent.monitor.last
+    assert report is not None
+    xid = {f.key: f for f in report.findings}[("xid", "gpu4")]
+    assert (xid.action, xid.actionable) == ("reboot", True)
+
+
+def test_rm_init_adapter_failed_names_the_gpu(agents: list[Agent], tmp_path: Path) -> None:
+    """`NVRM: GPU 0000:..: RmInitAdapter failed!`: the driver could not initialise that GPU.
+    Its PCI address is mapped to the GPU the agent read there (a fatal line: a reboot first);
+    the `rm_init_adapter failed, device minor number` line after it is the same failure."""
+    agent = make(agents, tmp_path)
+    agent.poll()  # the agent has read GPU 5: its PCI address is known
+    agent.node.inject(parse_faults(["gpu-init-failed@gpu5"])[0])
+    snapshot = agent.poll()
+    assert snapshot.kernel_log is not None
+    [count] = [c for c in snapshot.kernel_log.counts if c.kind == "gpu_init_failed"]
+    assert (count.gpu, count.pattern, count.count) == ("5", "rm_init_adapter_failed", 1)
+    report = agent.monitor.last
+    assert report is not None
+    f = {f.key: f for f in report.findings}[("kernel_gpu_init_failed", "gpu5")]
+    assert (f.severity, f.action, f.actionable) == ("critical", "reboot", True)
+    assert "RmInitAdapter failed!" in f.evidence
+
+
+def test_an_init_failure_of_a_gpu_never_read_names_its_address(
+    base_snapshot: NodeSnapshot,
+) -> None:
+    """A GPU that failed to initialise never answers NVML: the agent may never have read it.
+    The finding is then on its PCI address, not on an index it cannot know."""
+    ledger = ledger_with_gpus()
+    message = "NVRM: GPU 0000:c1:00.0: RmInitAdapter failed! (0x22:0x56:667)"
+    events = ledger.record(KernelLogBatch(records=(KernelLogRecord(1, 1, START, 3, message),)))
+    assert [(e.kind, e.gpu_index, e.pci_address) for e in events] == [
+        ("gpu_init_failed", None, "0000:c1:00.0")
+    ]
+    snapshot = dataclasses.replace(base_snapshot, kernel_log=ledger.reading(events))
+    found = run_checks(snapshot, History(), config_from_mapping({}), START + 1)
+    assert [(f.check, f.component, f.action) for f in found if f.check.startswith("kernel_")] == [
+        ("kernel_gpu_init_failed", "0000:c1:00.0", "reboot")
+    ]
+
+
+def test_a_uvm_fatal_error_is_a_node_finding(agents: list[Agent], tmp_path: Path) -> None:
+    """`nvGpuOpsReportFatalError: uvm encountered global fatal error 0x60, requiring os reboot
+    to recover`: UVM is global, no GPU is named; the node reboots."""
+    agent = make(agents, tmp_path, "uvm-fatal")
+    [agent.poll() for _ in range(2)]
+    report = agent.monitor.last
+    assert report is not None
+    f = {f.key: f for f in report.findings}[("kernel_uvm_fatal", "node")]
+    assert (f.severity, f.action, f.actionable) == ("critical", "reboot", True)
+
+
+def test_suppressed_callbacks_are_counted_not_judged(agents: list[Agent], tmp_path: Path) -> None:
+    """`net_ratelimit: 37 callbacks suppressed` (lib/ratelimit.c): the kernel dropped 37
+    messages. What they said is unknown, so no finding; the number is exported, as the printk
+    ratelimit reports it, so a dashboard can tell a quiet log from a throttled one."""
+    agent = make(agents, tmp_path, "callbacks-suppressed")
+    snapshot = [agent.poll() for _ in range(2)][-1]
+    assert snapshot.kernel_log is not None and snapshot.kernel_log.suppressed == 37
+    report = agent.monitor.last
+    assert report is not None
+    assert not any(f.check.startswith("kernel_printk") for f in report.findings)
+    [(labels, value)] = agent.samples("topowatch_kernel_log_suppressed_total")
+    assert (labels["source"], value) == ("kmsg", 37.0)
+
+
+def test_an_efa_admin_command_that_never_completes_is_logged_and_acted_on(
+    agents: list[Agent], tmp_path: Path
+) -> None:
+    """The simulated `efa-admin-timeout`: the driver's line (a warning, as efa_admin_cmd_timeout
+    lines always were) and, from the counter, the fatal `efa_admin_queue`."""
+    agent = make(agents, tmp_path)
+    agent.poll()
+    agent.node.inject(parse_faults(["efa-admin-timeout@rdmap16s27"])[0])
+    [agent.poll() for _ in range(2)]
+    report = agent.monitor.last
+    assert report is not None
+    found = {f.key: f for f in report.findings}
+    assert found[("efa_admin_queue", "rdmap16s27")].actionable
+    line = found[("kernel_efa_driver", "rdmap16s27")]
+    assert (line.severity, line.action) == ("warning", "none")
+    assert "Admin queue is closed" in line.evidence or "completion" in line.evidence

@@ -9,8 +9,11 @@ documented returns for the init cases):
                       (nvmlInit_v2: "if NVML does not have permission to talk to the driver")
   OPERATING_SYSTEM    "The GPU control device has been blocked by the operating
                       system/cgroups"                                            deployment
-  DRIVER_NOT_LOADED   "NVIDIA driver is not loaded"     deployment before NVML ever worked since
-                                                        the agent started; hardware after
+  DRIVER_NOT_LOADED   "NVIDIA driver is not loaded"     deployment, before NVML ever worked and
+                                                        after: unloaded under a running agent is
+                                                        an upgrade, not a GPU failing (issue 28)
+  LIB_RM_VERSION_MISMATCH "RM detects a driver/library version mismatch"    deployment (the
+                      driver was upgraded under the library the agent loaded: restart the agent)
   GPU_IS_LOST         "The GPU has fallen off the bus or has otherwise become
                       inaccessible"                                              hardware
   RESET_REQUIRED      "The GPU requires a reset before it can be used again"     reset
@@ -93,14 +96,16 @@ INIT_NEVER_WORKED = [
     ("UNKNOWN", "deployment", "unknown"),
 ]
 
-# The same codes when NVML is initialised again after it had worked: the driver going away
-# under a running agent is the node's; a library or permission problem is still the pod's.
+# The same codes when NVML is initialised again after it had worked: a library or permission
+# problem is still the pod's, and so is a driver unloaded or upgraded under the running agent
+# (issue 28: it was classed hardware, which asked for a reboot of a node whose GPUs were fine);
+# a code that says nothing (UNKNOWN) after NVML worked is still the node's.
 INIT_AFTER_WORKING = [
     ("LIBRARY_NOT_FOUND", "deployment"),
     ("NO_PERMISSION", "deployment"),
     ("OPERATING_SYSTEM", "deployment"),
-    ("DRIVER_NOT_LOADED", "hardware"),
-    ("LIB_RM_VERSION_MISMATCH", "hardware"),
+    ("DRIVER_NOT_LOADED", "deployment"),
+    ("LIB_RM_VERSION_MISMATCH", "deployment"),
     ("UNKNOWN", "hardware"),
 ]
 
@@ -262,8 +267,13 @@ CHECK_ROWS: list[tuple[str, Callable[[NodeSnapshot], NodeSnapshot], set[Any]]] =
         {("deployment", "node", "warning", "none")},
     ),
     (
-        "driver gone after NVML worked",
-        lambda b: nvml_down(b, failure("DRIVER_NOT_LOADED", "hardware")),
+        "driver unloaded or upgraded after NVML worked (the source classes it deployment)",
+        lambda b: nvml_down(b, failure("DRIVER_NOT_LOADED", "deployment")),
+        {("deployment", "node", "warning", "none")},
+    ),
+    (
+        "NVML failing with another code after it worked",
+        lambda b: nvml_down(b, failure("UNKNOWN", "hardware")),
         {("nvml_down", "node", "critical", "reboot")},
     ),
     (
@@ -311,9 +321,7 @@ def test_deployment_is_reported_even_where_the_instance_type_is_unknown(
     down = nvml_down(base, failure("NO_PERMISSION", "deployment"))
     cpu = dataclasses.replace(down, topology=dataclasses.replace(down.topology, labels={}))
     assert verdicts(cpu) == {("deployment", "node", "warning", "none")}
-    gone = dataclasses.replace(
-        cpu, gpu=nvml_down(base, failure("DRIVER_NOT_LOADED", "hardware")).gpu
-    )
+    gone = dataclasses.replace(cpu, gpu=nvml_down(base, failure("UNKNOWN", "hardware")).gpu)
     assert verdicts(gone) == set()  # no GPU expected, none seen: no evidence of missing hardware
 
 
@@ -392,9 +400,11 @@ def test_timeouts_act_only_when_they_persist_and_evidence_agrees(base: NodeSnaps
     assert not any(f.key == key for r in reports for f in r.actionable)
 
 
-def test_nvml_failing_is_never_a_reboot_before_it_worked_but_is_after(sim: Sim) -> None:
+def test_a_driver_unloaded_before_or_after_nvml_worked_is_never_a_reboot(sim: Sim) -> None:
     """The same DRIVER_NOT_LOADED through the whole agent: a node that boots without it gets a
-    deployment warning; a driver that goes away after NVML worked gets the reboot."""
+    deployment warning, and so does a driver unloaded under the running agent (an upgrade, the
+    GPU operator's driver container): before issue 28 that asked for a reboot. NVML failing
+    after it worked with a code that names no deployment cause still does."""
     h = sim("p5.48xlarge")
     h.sources.gpu.close()  # a source on the simulated clock, so its init retry can be passed
     h.sources.gpu = NvmlGpuSource(h.node.nvml, clock=lambda: h.now)
@@ -418,9 +428,54 @@ def test_nvml_failing_is_never_a_reboot_before_it_worked_but_is_after(sim: Sim) 
         report = monitor.observe(snapshot)
     assert snapshot.gpu.failure is not None
     assert snapshot.gpu.failure.name == "NVML_ERROR_DRIVER_NOT_LOADED"
+    assert snapshot.gpu.failure.kind == "deployment"
+    found = {f.key: f for f in report.findings}
+    assert ("nvml_down", "node") not in found and report.actionable == ()
+    assert (found[("deployment", "node")].severity, found[("deployment", "node")].action) == (
+        "warning",
+        "none",
+    )
+    h.node.nvml.init_error = E.NVML_ERROR_UNKNOWN  # now something that is not a deployment
+    h.now += 120.0
+    for _ in range(4):
+        snapshot, _ = h.poll()
+        report = monitor.observe(snapshot)
     down = {f.key: f for f in report.findings}[("nvml_down", "node")]
     assert (down.severity, down.action, down.actionable) == ("critical", "reboot", True)
-    assert ("deployment", "node") not in {f.key for f in report.findings}
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [("driver-unloaded", "driver_not_loaded"), ("driver-upgraded", "lib_rm_version_mismatch")],
+)
+def test_a_driver_unloaded_or_upgraded_under_the_agent_is_a_deployment_finding(
+    sim: Sim, fault: str, reason: str
+) -> None:
+    """The simulated driver goes away (or is replaced by another version) under a running
+    agent: every NVML call fails, NVML is initialised again and that fails too. The agent says
+    how it is deployed (`deployment`, `topowatch_node_agent_deployment_error{reason}`) and asks
+    for nothing: the GPUs did not fail, a reboot would only hide the upgrade."""
+    h = sim("p5.48xlarge")
+    h.sources.gpu.close()
+    h.sources.gpu = NvmlGpuSource(h.node.nvml, clock=lambda: h.now)
+    monitor = HealthMonitor()
+    for _ in range(2):
+        snapshot, _ = h.poll()
+        monitor.observe(snapshot)
+    assert snapshot.gpu.available
+    h.node.inject(parse_faults([fault])[0])
+    for _ in range(5):
+        snapshot, exposition = h.poll(30.0)
+        report = monitor.observe(snapshot)
+    assert not snapshot.gpu.available and snapshot.gpu.failure is not None
+    assert snapshot.gpu.failure.kind == "deployment", snapshot.gpu.failure
+    assert report.actionable == ()
+    assert [(f.check, f.action) for f in report.findings if f.component == "node"] == [
+        ("deployment", "none")
+    ]
+    assert [r for r, _ in snapshot.gpu.deployment_errors()] == [reason]
+    text = exposition.text.decode()
+    assert f'topowatch_node_agent_deployment_error{{node="sim-node-1",reason="{reason}"}} 1' in text
 
 
 def test_a_gpu_that_was_readable_and_is_now_lost_is_hardware(sim: Sim) -> None:

@@ -17,12 +17,15 @@ from typing import Any
 import grpc
 import pytest
 
+from exporter.node.agent import NodeAgent
 from exporter.node.poller import NodeSources, Poller
+from exporter.sim.faults import parse_fault
 from exporter.sources.kube import NodeLabelsWatcher, StaticNodeLabels
 from exporter.sources.kubeapi import KubeApi
 from exporter.sources.nvml import NvmlGpuSource
 from exporter.sources.podresources import KubeletPodResources
 from exporter.sources.podresources_pb import api_pb2_grpc
+from healthcheck.detection.monitor import HealthMonitor
 from tests.conftest import SimHarness, promtool_lint
 from tests.node.test_node_agent import one, series
 from tests.podresources_server import FakeKubelet, list_response, pod
@@ -276,3 +279,124 @@ def test_persistent_failures_are_logged_once_not_every_poll(
     assert not [r for r in lines if "recovered" in r.getMessage()]
     tracebacks = [r for r in lines if r.exc_info]
     assert len(tracebacks) == 1  # the unexpected exception, with its traceback, once
+
+
+# ----- a hung NVML call (issue 28) -----------------------------------------------------------
+
+
+def _watching_the_log(h: SimHarness) -> HealthMonitor:
+    """The harness's node with its kernel log read, the health checks on, and an NVML source
+    whose deadline is short (the agent's is 3 s; what matters is that there is one)."""
+    h.sources.gpu.close()
+    h.sources.gpu = NvmlGpuSource(
+        h.node.nvml, clock=h.node.clock, wall_clock=h.node.clock, deadline=0.3
+    )
+    h.sources.kernel_log = h.node.kernel_log_source()
+    monitor = HealthMonitor()
+    h.poller = Poller("sim-node-1", h.sources, clock=lambda: h.now, health=monitor)
+    return monitor
+
+
+def _nvrm(h: SimHarness, gpu: int) -> str:
+    return h.node.profile.gpus[gpu].sysfs_address.rsplit(".", 1)[0]  # NVRM drops the function
+
+
+def test_a_hung_nvml_call_does_not_blind_the_kernel_log(sim: Sim) -> None:
+    """nvml-hang@gpu3 blocks every NVML call on GPU 3 (as a wedged driver does). The poll
+    still ends, the XID 79 the driver logged is read and is an actionable finding within two
+    polls; GPU 3 is down with a timeout, the others are served as last read (marked stale),
+    and the gpu collector fails `nvml_hung` each poll the call lasts."""
+    h = sim("p5.48xlarge")
+    monitor = _watching_the_log(h)
+    h.poll()
+    hang = parse_fault("nvml-hang@gpu3")
+    h.node.nvml.inject(hang)
+    try:
+        snapshot, _ = h.poll()
+        assert snapshot.gpu.hung is not None and "on GPU 3" in snapshot.gpu.hung
+        h.node.kernel_log.write(
+            f"NVRM: Xid (PCI:{_nvrm(h, 3)}): 79, pid=4242, name=python3, "
+            "GPU has fallen off the bus.",
+            priority=3,
+        )
+        acted = []
+        for _ in range(2):
+            snapshot, exposition = h.poll()
+            report = monitor.last
+            assert report is not None
+            acted = [f for f in report.actionable if f.check == "xid" and f.component == "gpu3"]
+            if acted:
+                break
+        assert acted and acted[0].action != "none", monitor.last
+        assert "XID 79" in acted[0].evidence
+        stuck = snapshot.gpu.gpus[3]
+        assert not stuck.up and stuck.failure is not None and stuck.failure.kind == "timeout"
+        assert all(g.up and g.stale_since is not None for g in snapshot.gpu.gpus if g.index != 3)
+        found = series(exposition.text)
+        assert one(found, "topowatch_gpu_up", gpu="3") == 0
+        assert one(found, "topowatch_gpu_up", gpu="0") == 1
+        assert "topowatch_gpu_power_watts" in found  # the last good values, still served
+        errors = one(
+            found, "topowatch_exporter_collector_errors_total", collector="gpu", reason="nvml_hung"
+        )
+        assert errors >= 2
+        assert one(found, "topowatch_exporter_collector_success", collector="kernel_log") == 1
+    finally:
+        h.node.nvml.clear(hang)
+
+
+def test_an_agent_started_on_a_hung_nvml_reads_the_kernel_log_first(sim: Sim) -> None:
+    """A restarted agent whose first NVML call hangs: the kernel log is read before NVML is
+    asked and every poll ends, so the driver's fallen-off-the-bus line is a finding (reboot) the
+    first poll after it, although NVML never named the GPU, and actionable once damping agrees.
+    The hang alone condemns nothing: each GPU is a timeout warning without action."""
+    h = sim("p5.48xlarge", "nvml-hang@gpu3")
+    monitor = _watching_the_log(h)
+    try:
+        snapshot, _ = h.poll()
+        assert [c.name for c in snapshot.collectors][:2] == ["kernel_log", "gpu"]
+        assert snapshot.gpu.hung is not None
+        assert all(
+            not g.up and g.failure and g.failure.kind == "timeout" for g in snapshot.gpu.gpus
+        )
+        address = h.node.profile.gpus[3].sysfs_address
+        h.node.kernel_log.write(f"NVRM: GPU {address}: GPU has fallen off the bus.", priority=3)
+        h.poll()
+        report = monitor.last
+        assert report is not None
+        fallen = [f for f in report.findings if f.check == "kernel_gpu_fallen_off_bus"]
+        assert [(f.component, f.action) for f in fallen] == [(address, "reboot")]
+        timeouts = [f for f in report.findings if f.check == "gpu_timeout"]
+        assert len(timeouts) == 8 and {f.action for f in timeouts} == {"none"}
+        for _ in range(monitor.config.damping.n):
+            h.poll()
+            assert monitor.last is not None
+            if any(f.check == "kernel_gpu_fallen_off_bus" for f in monitor.last.actionable):
+                break
+        else:
+            raise AssertionError(f"never actionable: {monitor.last}")
+    finally:
+        h.node.nvml.clear(parse_fault("nvml-hang@gpu3"))
+
+
+def test_the_poll_loop_keeps_its_pace_while_nvml_hangs(sim: Sim) -> None:
+    """The agent's own loop: polls keep coming while an NVML call hangs, so /healthz stays up
+    (a wedged loop would fail the liveness probe, and the restarted agent hang again)."""
+    h = sim("p5.48xlarge")
+    _watching_the_log(h)
+    hang = parse_fault("nvml-hang@gpu3")
+    h.node.nvml.inject(hang)
+    agent = NodeAgent(h.poller, interval=0.2)
+    snapshots: list[Any] = []
+    agent.on_snapshot = snapshots.append
+    agent.start()
+    try:
+        deadline = time.monotonic() + 30.0
+        while len(snapshots) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(snapshots) >= 4 and agent.healthy
+        assert all(s.gpu.hung is not None for s in snapshots)
+        assert h.node.nvml.hung_calls == 1  # one read blocked; none started beside it
+    finally:
+        agent.stop()
+        h.node.nvml.clear(hang)

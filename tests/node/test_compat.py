@@ -174,7 +174,13 @@ def test_a_field_a_gpu_does_not_report_is_left_out_for_that_gpu_never_zero(sim: 
 
 
 def test_the_source_asks_for_an_unsupported_violation_policy_once_and_reports_none() -> None:
-    nvml = SimulatedNvml(get_profile("p5.48xlarge"), unsupported={"nvmlDeviceGetViolationStatus"})
+    # Neither the batch's NVML_FI_DEV_PERF_POLICY_* values (74-79) nor the call that falls back
+    # for them (issue 28) are served.
+    nvml = SimulatedNvml(
+        get_profile("p5.48xlarge"),
+        unsupported={"nvmlDeviceGetViolationStatus"},
+        unsupported_fields=set(range(74, 80)),
+    )
     source = NvmlGpuSource(nvml)
     try:
         first = source.read()
@@ -182,6 +188,7 @@ def test_the_source_asks_for_an_unsupported_violation_policy_once_and_reports_no
         assert all(g.violation_ns is None for g in first.gpus)
         # six policies, eight GPUs, asked once each; not again on the second read
         assert nvml.calls["nvmlDeviceGetViolationStatus"] == 48
+        assert all(nvml.field_requests[f] == 8 for f in range(74, 80))
     finally:
         source.close()
 

@@ -470,11 +470,16 @@ def test_a_full_run_prints_the_table_and_exits_0_whatever_it_says(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     nvml = SimulatedNvml(get_profile("p5.48xlarge"), seed=7)
-    assert gc.main(["--nvidia-smi", working_smi(tmp_path), "--settle", "0"], nvml=nvml) == 0
+    argv = ["--nvidia-smi", working_smi(tmp_path), "--settle", "0"]
+    assert gc.main([*argv, "--cost-polls", "2", "--cost-interval", "0"], nvml=nvml) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:5] == ["field", "gpu", "agent", "nvidia-smi", "match"]
     assert re.search(r"^xid\.registered\s+7\s+yes\s", out, re.M)
     assert "Tolerances" in out
+    # then what NVML costs, per function and per GPU per poll
+    assert "NVML CPU cost (2 polls every 0 s, 8 GPUs" in out
+    assert re.search(r"^\s+nvmlDeviceGetFieldValues\s+1\.00\s", out, re.M)
+    assert re.search(r"^\s+NVML, all functions\s+\d+\.\d+\s+\d+\.\d+", out, re.M)
 
 
 def test_recorded_files_compare_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
@@ -482,7 +487,9 @@ def test_recorded_files_compare_without_a_gpu(capsys: pytest.CaptureFixture[str]
     argv += ["--smi-xml", str(FIXTURES / "p5.48xlarge-nvidia-smi-q-x.xml")]
     argv += ["--nvlink-status", str(FIXTURES / "p5.48xlarge-nvlink-s.txt")]
     assert gc.main(argv) == 0
-    assert "402 rows: 362 match, 0 mismatch, 40 N/A" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "402 rows: 362 match, 0 mismatch, 40 N/A" in out
+    assert "NVML CPU cost: not measured (recorded files)" in out
 
 
 def _nvml_loads() -> bool:
@@ -500,3 +507,67 @@ def test_cli_mode_runs_topowatch_node_once_and_sees_nvml_missing(
 ) -> None:
     assert gc.main(["--cli", "--nvidia-smi", working_smi(tmp_path)]) == 2
     assert "topowatch_nvml_up 0" in capsys.readouterr().out
+
+
+# ----- what NVML costs ---------------------------------------------------------------------------
+
+# Issue 28's H100 figures (driver 580.159.04, one GPU, 12 polls at 5 s) as the timing wrapper
+# would have collected them: function -> (calls, CPU seconds).
+H100_BEFORE = {
+    "nvmlDeviceGetViolationStatus": (72, 72 * 0.9e-3),
+    "nvmlDeviceGetTotalEnergyConsumption": (12, 12 * 4.4e-3),
+    "nvmlGpmMetricsGet": (12, 12 * 1.9e-3),
+    "nvmlDeviceGetFieldValues": (12, 12 * 0.7e-3),
+    "nvmlDeviceGetPowerUsage": (12, 12 * 0.003e-3),
+    "nvmlDeviceGetPcieThroughput": (0, 0.0),
+}
+
+
+def test_cost_rows_are_per_gpu_per_poll_dearest_first() -> None:
+    rows = gc.cost_rows(H100_BEFORE, gpus=1, polls=12)
+    assert [r.function for r in rows] == [
+        "nvmlDeviceGetViolationStatus",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlGpmMetricsGet",
+        "nvmlDeviceGetFieldValues",
+        "nvmlDeviceGetPowerUsage",
+    ]  # a function never called is left out
+    violation = rows[0]
+    assert violation.calls_per_gpu_poll == 6
+    assert violation.ms_per_call == pytest.approx(0.9)
+    assert violation.ms_per_gpu_poll == pytest.approx(5.4)
+    assert sum(r.ms_per_gpu_poll for r in rows) == pytest.approx(12.403)
+    halved = gc.cost_rows(H100_BEFORE, gpus=2, polls=12)  # the same calls over two GPUs
+    assert halved[0].ms_per_gpu_poll == pytest.approx(2.7)
+
+
+def test_render_costs_names_each_function_the_total_and_the_node_share() -> None:
+    run = gc.CostRun(gpus=1, polls=12, interval=5.0, calls=H100_BEFORE, poll_seconds=12 * 13e-3)
+    text = gc.render_costs(run)
+    assert "NVML CPU cost (12 polls every 5 s, 1 GPUs" in text
+    assert re.search(r"nvmlDeviceGetViolationStatus\s+6\.00\s+0\.900\s+5\.400", text)
+    assert re.search(r"NVML, all functions\s+10\.00\s+12\.403\s+\(2\.48 mCPU", text)
+    assert re.search(r"whole poll \(the agent, process time\)\s+13\.000", text)
+
+
+def test_costs_are_counted_per_function_on_the_simulated_nvml() -> None:
+    """On the simulation the times say nothing (its Python, not a driver), but what is called
+    how often is the agent's own: one field-value batch per GPU per poll, no violation-status
+    or ECC calls (their values are in the batch)."""
+    run = gc.measure_costs(SimulatedNvml(get_profile("p5.48xlarge"), seed=7), 2, 0.0)
+    assert (run.gpus, run.polls) == (8, 2)
+    per = {r.function: r.calls_per_gpu_poll for r in gc.cost_rows(run.calls, 8, 2)}
+    assert per["nvmlDeviceGetFieldValues"] == 1.0
+    assert per["nvmlDeviceGetNvLinkErrorCounter"] == 18.0
+    assert "nvmlDeviceGetViolationStatus" not in per
+    assert "nvmlDeviceGetTotalEccErrors" not in per
+    assert run.poll_seconds >= 0
+
+
+def test_no_cost_measurement_without_nvml_or_when_asked_not_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nvml = SimulatedNvml(get_profile("p5.48xlarge"), seed=7)
+    argv = ["--nvidia-smi", working_smi(tmp_path), "--settle", "0", "--cost-polls", "0"]
+    assert gc.main(argv, nvml=nvml) == 0
+    assert "NVML CPU cost: not measured (--cost-polls 0)" in capsys.readouterr().out

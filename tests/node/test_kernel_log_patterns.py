@@ -307,6 +307,67 @@ SCENARIOS: list[tuple[str, LogMatch, str]] = [
         LogMatch("hung_task", "hung_task", "warning", device="kworker/u16:2:98"),
         "kernel/hung_task.c: a comm with a colon keeps its pid",
     ),
+    (
+        "NVRM: Xid (PCI:0000:53:00): 46",
+        LogMatch("xid", "xid", "error", code=46, pci_address="0000:53:00.0"),
+        f"{KERNEL_RC}: the bare form, the record cut after the code (issue 28: missed before;"
+        " kernel-open/nvidia/os-interface.c nv_printf prints in KERN_CONT pieces)",
+    ),
+    (
+        "NVRM: Xid (PCI:0000:53:00): 46 ",
+        LogMatch("xid", "xid", "error", code=46, pci_address="0000:53:00.0"),
+        "the bare form with the trailing blank a cut record can keep",
+    ),
+    (
+        "NVRM: Xid (PCI:0000:53:00): 154, GPU recovery action changed from 0x0 (None) to 0x1"
+        " (GPU Reset Required)",
+        LogMatch("xid", "xid", "error", code=154, pci_address="0000:53:00.0"),
+        f"{OGKM} src/nvidia/src/kernel/gpu/gpu.c gpuRefreshRecoveryAction: nvErrorLog_va(pGpu,"
+        " GPU_RECOVERY_ACTION_CHANGED, 'GPU recovery action changed from 0x%x (%s) to 0x%x (%s)')"
+        " through XID_PRINT_WITH_ATTR without a process",
+    ),
+    (
+        "NVRM: nvGpuOpsReportFatalError: uvm encountered global fatal error 0x60, requiring os"
+        " reboot to recover.",
+        LogMatch("uvm_fatal", "uvm_fatal_error", "fatal"),
+        f"{OGKM} src/nvidia/src/kernel/rmapi/nv_gpu_ops.c nvGpuOpsReportFatalError: NV_PRINTF("
+        "LEVEL_ERROR, 'uvm encountered global fatal error 0x%x, requiring os reboot to recover.')",
+    ),
+    (
+        "NVRM: GPU 0000:53:00.0: RmInitAdapter failed! (0x22:0x56:667)",
+        LogMatch("gpu_init_failed", "rm_init_adapter_failed", "fatal", pci_address="0000:53:00.0"),
+        f"{OGKM} src/nvidia/arch/nvalloc/unix/src/osinit.c RmInitAdapter: NV_DEV_PRINTF("
+        "NV_DBG_ERRORS, nv, 'RmInitAdapter failed! (0x%x:0x%x:%d)') with NV_DEV_PRINTF's"
+        " 'NVRM: GPU %04x:%02x:%02x.%x: ' (kernel-open/common/inc/os-interface.h)",
+    ),
+    (
+        "NVRM: RmInitAdapter failed! (0x26:0xffff:1239)",
+        LogMatch("gpu_init_failed", "rm_init_adapter_failed", "fatal"),
+        "older drivers: the same message without NV_DEV_PRINTF's GPU prefix (names no GPU)",
+    ),
+    (
+        "net_ratelimit: 37 callbacks suppressed",
+        LogMatch(
+            "printk_suppressed",
+            "printk_callbacks_suppressed",
+            "warning",
+            code=37,
+            device="net_ratelimit",
+        ),
+        "torvalds/linux lib/ratelimit.c ___ratelimit: printk_deferred(KERN_WARNING"
+        " '%s: %d callbacks suppressed', func, missed); func is net_ratelimit's here",
+    ),
+    (
+        "efa_com_wait_and_process_admin_cq_interrupts: 5 callbacks suppressed",
+        LogMatch(
+            "printk_suppressed",
+            "printk_callbacks_suppressed",
+            "warning",
+            code=5,
+            device="efa_com_wait_and_process_admin_cq_interrupts",
+        ),
+        f"lib/ratelimit.c for {EFA_COM}'s ibdev_err_ratelimited (the admin command timeouts)",
+    ),
 ]
 
 
@@ -363,6 +424,11 @@ def test_a_prefixed_line_is_not_a_message() -> None:
         "task python3:1234 blocked on a mutex",
         "INFO: task python3:1234 blocked for more than a while",
         "nvidia-nvlink: Unregistered Nvlink Core, major device number 235",
+        "NVRM: Xid (PCI:0000:53:00): 46 more text without a comma",
+        "NVRM: GPU 0000:53:00.0: rm_init_adapter failed, device minor number 2",
+        "NVRM: GPU 0000:53:00.0: RmInitAdapter succeeded!",
+        "printk: console [ttyS0] enabled, bootconsole disabled",
+        "net_ratelimit: callbacks suppressed",
     ],
 )
 def test_near_misses_do_not_match(line: str) -> None:
@@ -517,6 +583,19 @@ def test_a_kmsg_dump_yields_exactly_its_faults() -> None:
             "gpu_fallen_off_bus_at_probe",
             "fatal",
             pci_address="0000:b3:00.0",
+        ),
+        1018: LogMatch("xid", "xid", "error", code=46, pci_address="0000:53:00.0"),
+        1019: LogMatch("xid", "xid", "error", code=154, pci_address="0000:53:00.0"),
+        1020: LogMatch("uvm_fatal", "uvm_fatal_error", "fatal"),
+        1021: LogMatch(
+            "gpu_init_failed", "rm_init_adapter_failed", "fatal", pci_address="0000:b3:00.0"
+        ),
+        1023: LogMatch(
+            "printk_suppressed",
+            "printk_callbacks_suppressed",
+            "warning",
+            code=12,
+            device="efa_com_wait_and_process_admin_cq_interrupts",
         ),
     }
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import csv
 
 from exporter.core.snapshot import PodRef, XidEvent
-from exporter.core.xid import XidLedger, catalog, describe
+from exporter.core.xid import (
+    RECOVERY_NAMES,
+    XidLedger,
+    catalog,
+    describe,
+    recovery_action_named,
+)
 from tests.conftest import reference
 
 
@@ -60,3 +66,18 @@ def test_unknown_xid_is_reported_not_dropped() -> None:
     info = describe(4242)
     assert info.name == "XID_4242"
     assert info.action == "UNKNOWN"
+
+
+def test_xid_154_names_the_recovery_action_it_changed_to() -> None:
+    """The driver's text, gpu.c gpuRefreshRecoveryAction: "GPU recovery action changed from
+    0x%x (%s) to 0x%x (%s)", names from `_gpuRecoveryActionName`; nvml.h's values."""
+    line = (
+        "NVRM: Xid (PCI:0000:53:00): 154, GPU recovery action changed from 0x0 (None)"
+        " to 0x{:x} ({})"
+    )
+    for value in (0, 1, 2, 3, 4, 5):
+        assert recovery_action_named(line.format(value, RECOVERY_NAMES[value])) == value
+    assert recovery_action_named("GPU recovery action changed to 0x2 (Node Reboot Required)") == 2
+    assert recovery_action_named("NVRM: Xid (PCI:0000:53:00): 154") is None  # cut: names none
+    assert recovery_action_named("GPU recovery action changed from 0x1 (GPU Reset") is None
+    assert describe(154).action == "XID_154"

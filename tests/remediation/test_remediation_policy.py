@@ -264,10 +264,23 @@ LADDER_ROWS: dict[str, tuple[Finding, list[LadderMark], tuple[str, int, str]]] =
         [],
         ("gpu-reset-required", 1, "reset"),
     ),
-    "row remap pending a GPU reset: reset": (
+    # A pending row remap waits for the next reset while running work continues (NVIDIA memory
+    # error management; issue 28): the check asks for nothing, so no built-in rule puts it on
+    # the ladder. A finding that still asked for a reboot (an older agent) keeps its own action.
+    "row remap pending a GPU reset: no rule any more": (
         other("row_remap_pending", "reboot"),
         [],
-        ("row-remap-pending", 1, "reset"),
+        ("", 1, "reboot"),
+    ),
+    "the driver's recovery action GPU reset (or drain and reset): reset": (
+        other("gpu_recovery_reset", "reboot"),
+        [],
+        ("gpu-recovery-reset", 1, "reset"),
+    ),
+    "the driver's recovery action node reboot: reboot, then replace": (
+        other("gpu_recovery_reboot", "reboot"),
+        [],
+        ("gpu-recovery-reboot", 1, "reboot"),
     ),
     "row remap failure: no rule, the check's own replace": (
         other("row_remap_failure", "replace"),

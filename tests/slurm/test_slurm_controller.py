@@ -605,6 +605,76 @@ def test_restart_mid_action_neither_repeats_nor_forgets(tmp_path: Path, crash: s
         assert ("resumed after a restart" in state["message"]) == (crash == "before")
 
 
+# --- issue 28: what slurm.conf must have, and an admin's drain in between ------------------------
+
+
+@pytest.mark.real_component
+def test_reboot_asap_without_a_reboot_program_is_refused_at_start(tmp_path: Path) -> None:
+    """`scontrol reboot` needs slurm.conf's RebootProgram (scontrol(1), "reboot"; slurmctld
+    answers "RebootProgram isn't defined" otherwise): without it `reboot-asap` would fail at
+    every decision, so the start is refused, in one line, before anything is decided."""
+    from exporter.slurm.settings import SettingsError
+
+    addresses = loopback_addresses(NODES)
+    with running_slurmctld(tmp_path / "bare", NODES, addresses=addresses) as env:
+        raw = config(tmp_path, free_port(), slurm={"method": "reboot-asap"})
+        with pytest.raises(SettingsError, match=r"RebootProgram = \(null\)") as refused:
+            build_service(settings_from_mapping(raw), env)
+        assert "\n" not in str(refused.value) and "slurm.method" in str(refused.value)
+        config_file = tmp_path / "controller.yaml"
+        config_file.write_text(yaml.safe_dump(raw))
+        done = _controller(config_file, env, once=True)
+        output, _ = done.communicate(timeout=60)
+        assert done.returncode == 2
+        [line] = output.strip().splitlines()
+        assert line.startswith("topowatch slurm-controller: slurm.method reboot-asap needs")
+        build_service(settings_from_mapping({**raw, "slurm": {"method": "drain"}}), env)
+
+    with running_slurmctld(
+        tmp_path / "set", NODES, addresses=addresses, extra_conf=["RebootProgram=/bin/true"]
+    ) as env:
+        service = build_service(settings_from_mapping(raw), env)
+        assert service.settings.method == "reboot-asap"
+
+
+@pytest.mark.real_component
+def test_an_admins_drain_between_the_read_and_the_write_is_not_overwritten(
+    tmp_path: Path,
+) -> None:
+    """The decision rests on the node list of the cycle; an admin drains the node before the
+    controller writes. `scontrol update state=fail reason=...` would replace the admin's state
+    and Reason (scontrol(1): the reason "will replace any previous reason"), so the node is
+    read again right before the write and left as the admin left it: deferred, not an attempt,
+    audited with what slurmctld shows; the next cycle holds it as someone else's."""
+    now = time.time()
+    with cluster(tmp_path) as (env, agents):
+        for node in ("gpu-1", "gpu-2"):
+            agents.agents[node] = Behaviour([finding("row_remap_failure", "replace", now - 60)])
+        service = build_service(settings_from_mapping(config(tmp_path, agents.port)), env)
+        asyncio.run(service.cycle())  # gpu-2 read in service; the decisions are queued
+        scontrol(env, "update", "nodename=gpu-2", "state=drain", "reason=PSU swap (ticket 42)")
+        service.controller.run_once()
+
+        assert show(env, "gpu-2")["Reason"] == "PSU swap (ticket 42)"
+        assert "FAIL" not in show(env, "gpu-2")["State"]
+        assert show(env, "gpu-1")["Reason"] == "Action:Replace"  # the other one as decided
+        [deferred] = [
+            r
+            for r in service.controller.auditor.recent(100)
+            if r["node"] == "gpu-2" and r["verdict"] == "deferred"
+        ]
+        assert (
+            "not written: slurmctld now shows UNKNOWN+DRAIN (PSU swap (ticket 42))"
+            in (deferred["detail"])
+        )  # (no slurmd here: UNKNOWN is the base state)
+        state = json.loads((tmp_path / "state.json").read_text())["nodes"]["gpu-2"]
+        assert (state["outcome"], state["attempts"]) == ("deferred", 0)
+
+        one_cycle(service)
+        assert show(env, "gpu-2")["Reason"] == "PSU swap (ticket 42)"
+        assert "skip:unavailable" in decisions(service)["gpu-2"]
+
+
 # --- pieces, no slurmctld -------------------------------------------------------------------------
 
 

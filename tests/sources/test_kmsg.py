@@ -849,3 +849,45 @@ def test_open_kernel_log_auto_prefers_kmsg(tmp_path: Path) -> None:
 def test_open_kernel_log_refuses_an_unknown_mode(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="auto"):
         open_kernel_log("dmesg", kmsg_path=Path("/dev/kmsg"), journal_dirs=[], state_dir=None)
+
+
+# -- the simulated node's fault lines (issue 28) -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind"),
+    [
+        ("xid-bare=46@gpu3", "xid"),
+        ("recovery=reboot@gpu3", "xid"),
+        ("gpu-init-failed@gpu3", "gpu_init_failed"),
+        ("uvm-fatal", "uvm_fatal"),
+        ("callbacks-suppressed", "printk_suppressed"),
+        ("efa-admin-timeout@rdmap16s27", "efa_driver"),
+    ],
+)
+def test_the_simulated_node_logs_the_forms_the_table_missed(
+    tmp_path: Path, fault: str, kind: str
+) -> None:
+    """The simulated node writes each fault's lines to its /dev/kmsg in the driver's format;
+    the production reader, with the table's raw-record gate, hands every one of them out (none
+    skipped as ordinary) and the table recognises them."""
+    from exporter.node.kernel.patterns import match_line
+    from exporter.sim.faults import parse_faults
+    from exporter.sim.hardware.node import SimulatedNode
+    from exporter.sim.hardware.profiles import get_profile
+
+    node = SimulatedNode(get_profile("p5.48xlarge"), root=tmp_path / "sim", start=BOOT)
+    try:
+        source = node.kernel_log_source(None)
+        source.read()  # the agent reads the log from now on
+        node.inject(parse_faults([fault])[0])
+        node.advance(BOOT + 5.0)
+        batch = source.read()
+        assert batch.records and batch.skipped == 0 and batch.dropped == 0
+        matched = [match_line(r.message) for r in batch.records]
+        assert kind in {m.kind for m in matched if m is not None}, [
+            r.message for r in batch.records
+        ]
+        source.close()
+    finally:
+        node.close()

@@ -11,16 +11,23 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pynvml
 import pytest
 
-from exporter.core.snapshot import PROFILING_KEYS, GpuInventory, XidEvent
+from exporter.core.snapshot import (
+    NVML_TIMEOUT,
+    PROFILING_KEYS,
+    VIOLATION_POLICIES,
+    GpuInventory,
+    XidEvent,
+)
 from exporter.sim.faults import Fault, parse_fault
 from exporter.sim.hardware.nvml import SimulatedNvml
 from exporter.sim.hardware.profiles import HardwareProfile, get_profile
-from exporter.sources.nvml import NvmlGpuSource
+from exporter.sources.nvml import ENERGY_INTERVAL_SECONDS, GPM_INTERVAL_SECONDS, NvmlGpuSource
 
 PROFILES = ("p5.48xlarge", "p6e-gb200.36xlarge")
 BUS_ID = re.compile(r"^[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")
@@ -40,11 +47,17 @@ class FakeClock:
 class Rig:
     """A simulated node's NVML and the source reading it, on one fake clock."""
 
-    def __init__(self, profile: HardwareProfile, faults: Sequence[Fault], **sim: Any) -> None:
+    def __init__(
+        self,
+        profile: HardwareProfile,
+        faults: Sequence[Fault],
+        source: dict[str, Any] | None = None,
+        **sim: Any,
+    ) -> None:
         self.profile = profile
         self.clock = FakeClock()
         self.sim = SimulatedNvml(profile, faults, seed=7, clock=self.clock, **sim)
-        self.source = NvmlGpuSource(self.sim, clock=self.clock)
+        self.source = NvmlGpuSource(self.sim, clock=self.clock, **(source or {}))
 
     def read(self, advance: float = 0.0) -> GpuInventory:
         self.clock.advance(advance)
@@ -57,13 +70,17 @@ class Rig:
 def rig() -> Iterator[Callable[..., Rig]]:
     made: list[Rig] = []
 
-    def make(profile: str = "p5.48xlarge", *faults: str, **sim: Any) -> Rig:
-        r = Rig(get_profile(profile), [parse_fault(f) for f in faults], **sim)
+    def make(
+        profile: str = "p5.48xlarge", *faults: str, source: dict[str, Any] | None = None, **sim: Any
+    ) -> Rig:
+        r = Rig(get_profile(profile), [parse_fault(f) for f in faults], source, **sim)
         made.append(r)
         return r
 
     yield make
     for r in made:
+        for gpu in range(r.profile.expected_gpus):  # let a hung read thread return
+            r.sim.clear(parse_fault(f"nvml-hang@gpu{gpu}"))
         r.source.close()
 
 
@@ -148,17 +165,18 @@ def test_readings_are_plausible(rig: Callable[..., Rig], name: str) -> None:
 def test_counters_increase_as_time_passes(rig: Callable[..., Rig], name: str) -> None:
     r = rig(name)
     before = r.read().gpus
-    after = r.read(advance=10.0).gpus
+    after = r.read(advance=ENERGY_INTERVAL_SECONDS).gpus  # energy: read every 2 minutes
+    seconds = ENERGY_INTERVAL_SECONDS
     for old, new in zip(before, after, strict=True):
         for attr in ("energy_joules", "pcie_tx_bytes", "pcie_rx_bytes"):
             assert getattr(new, attr) > getattr(old, attr), attr
         for old_link, new_link in zip(old.nvlinks, new.nvlinks, strict=True):
             assert old_link.tx_bytes is not None and new_link.tx_bytes is not None
             assert old_link.rx_bytes is not None and new_link.rx_bytes is not None
-            rate = (new_link.tx_bytes - old_link.tx_bytes) / 10.0
+            rate = (new_link.tx_bytes - old_link.tx_bytes) / seconds
             assert 5e9 < rate < 60e9  # tens of GB/s per link under a training load
             assert new_link.rx_bytes > old_link.rx_bytes
-        watts = (new.energy_joules - old.energy_joules) / 10.0  # type: ignore[operator]
+        watts = (new.energy_joules - old.energy_joules) / seconds  # type: ignore[operator]
         assert 0.1 * r.profile.gpu_power_limit_watts < watts < r.profile.gpu_power_limit_watts
 
 
@@ -188,8 +206,9 @@ def test_nvlinks_are_discovered_once_and_remote_info_is_cached(rig: Callable[...
     r = rig()
     for _ in range(3):
         r.read(advance=5.0)
-    discovery = 8 * pynvml.NVML_NVLINK_MAX_LINKS
-    assert r.sim.calls["nvmlDeviceGetNvLinkState"] == discovery + 3 * 8 * 18
+    discovery = 8 * pynvml.NVML_NVLINK_MAX_LINKS  # then each link's state is a field value
+    assert r.sim.calls["nvmlDeviceGetNvLinkState"] == discovery
+    assert r.sim.field_requests[pynvml.NVML_FI_DEV_NVLINK_GET_STATE] == 3 * 8 * 18
     assert r.sim.calls["nvmlDeviceGetNvLinkRemotePciInfo"] == 8 * 18
     assert r.sim.calls["nvmlDeviceGetNvLinkRemoteDeviceType"] == 8 * 18
 
@@ -480,19 +499,34 @@ def test_full_read_is_cheap(rig: Callable[..., Rig]) -> None:
     r = rig()
     r.read()
     assert DISCOVERY_CALLS.issubset(r.sim.calls)  # the list names calls the source does make
-    per_read: list[Counter[str]] = []
-    for _ in range(20):
+    polls = int(ENERGY_INTERVAL_SECONDS // 5)  # one turn of the costly readings at 5 s
+    gpm_windows = int(ENERGY_INTERVAL_SECONDS // GPM_INTERVAL_SECONDS)
+    cycles: list[Counter[str]] = []
+    for _ in range(3):
         before = Counter(r.sim.calls)
-        r.read(advance=5.0)
-        per_read.append(Counter(r.sim.calls) - before)
-    steady = per_read[0]
-    assert all(calls == steady for calls in per_read)  # no work piling up from poll to poll
+        for _ in range(polls):
+            r.read(advance=5.0)
+        cycles.append(Counter(r.sim.calls) - before)
+    steady = cycles[1]
+    assert cycles[2] == steady  # no work piling up from minute to minute
     assert r.sim.calls["nvmlDeviceGetPcieThroughput"] == 0
     assert not DISCOVERY_CALLS & set(steady)
     gpus, links = r.profile.expected_gpus, r.profile.nvlinks_per_gpu
-    assert steady["nvmlDeviceGetFieldValues"] == gpus  # one batch per GPU, not one per field
-    # Today 1 + 19 per GPU + 2 per NVLink (state, data-CRC counter); a little room for growth.
-    assert steady.total() <= 1 + gpus * (25 + 2 * links)
+    assert steady["nvmlDeviceGetFieldValues"] == gpus * polls  # one batch per GPU per poll
+    # What nvml.h has field ids for comes from the batch, never from its own calls.
+    for batched in (
+        "nvmlDeviceGetViolationStatus",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetRetiredPages",
+    ):
+        assert steady[batched] == 0, batched
+    # The costly two once an interval per GPU (GPM: a sample and the metrics between two).
+    assert steady["nvmlDeviceGetTotalEnergyConsumption"] == gpus
+    assert steady["nvmlGpmMetricsGet"] == steady["nvmlGpmSampleGet"] == gpus * gpm_windows
+    # Per poll: 1 + 11 per GPU + 1 per NVLink (its data-CRC counter: no scoped field id).
+    assert steady.total() <= polls * (1 + gpus * (11 + links)) + (1 + 2 * gpm_windows) * gpus
 
 
 # ----- NVLink5 counters and fabric health (issue 14, item 4) ---------------------------------
@@ -578,3 +612,258 @@ def test_fabric_from_the_unversioned_call_has_no_health_mask(rig: Callable[..., 
     )
     assert gpus[1].fabric is not None and gpus[1].fabric.healthy is True
     assert r.sim.calls["nvmlDeviceGetGpuFabricInfo"] == 2 * 4
+
+
+# ----- what NVML costs (issue 28): one batch, the costly readings on a longer cadence ---------
+
+
+def test_field_ids_replace_their_calls(rig: Callable[..., Rig]) -> None:
+    """Violation times (74-79), the recovery action (230), ECC totals (3-6), remapped rows
+    (142-145) and each NVLink's state (165) are values in the one batch."""
+    r = rig("p5.48xlarge", "thermal@gpu1", "ecc-dbe@gpu2")
+    first = r.read()
+    later = r.read(advance=5.0)
+    for field_id in (
+        *range(
+            pynvml.NVML_FI_DEV_PERF_POLICY_POWER, pynvml.NVML_FI_DEV_PERF_POLICY_RELIABILITY + 1
+        ),
+        pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+        pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+        pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL,
+        pynvml.NVML_FI_DEV_REMAPPED_PENDING,
+    ):
+        assert r.sim.field_requests[field_id] == 2 * 8, field_id
+    assert r.sim.calls["nvmlDeviceGetViolationStatus"] == 0
+    assert r.sim.calls["nvmlDeviceGetTotalEccErrors"] == 0
+    assert r.sim.calls["nvmlDeviceGetRemappedRows"] == 0
+    for gpu in later.gpus:
+        assert gpu.recovery_action == pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+        assert gpu.violation_ns is not None and set(gpu.violation_ns) == set(VIOLATION_POLICIES)
+        assert gpu.ecc.corrected_volatile is not None and gpu.ecc.corrected_aggregate is not None
+        assert gpu.remapped_rows is not None
+    hot = [g.violation_ns["thermal"] for g in (first.gpus[1], later.gpus[1]) if g.violation_ns]
+    assert hot[1] - hot[0] == pytest.approx(5e9, rel=0.01)  # throttled the whole 5 s
+    assert later.gpus[0].violation_ns == dict.fromkeys(VIOLATION_POLICIES, 0)
+    sick = later.gpus[2]
+    assert sick.ecc.uncorrected_volatile and sick.ecc.uncorrected_aggregate
+    assert sick.remapped_rows == pytest.approx(first.gpus[2].remapped_rows)
+    assert sick.remapped_rows is not None and sick.remapped_rows.pending
+    assert later.gpus[0].ecc.uncorrected_volatile == 0
+
+
+def test_the_recovery_action_is_the_drivers_value(rig: Callable[..., Rig]) -> None:
+    r = rig()
+    r.sim.recovery_action = lambda gpu: (  # type: ignore[method-assign]
+        pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET if gpu == 4 else 0
+    )
+    actions = [g.recovery_action for g in r.read().gpus]
+    assert actions == [0, 0, 0, 0, pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET, 0, 0, 0]
+
+
+def test_no_recovery_action_field_leaves_it_none(rig: Callable[..., Rig]) -> None:
+    """A driver older than field 230 answers it per value: None, nothing else lost."""
+    r = rig(unsupported_fields={pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION})
+    for _ in range(2):
+        inv = r.read(advance=5.0)
+        assert all(g.up and g.error is None and g.recovery_action is None for g in inv.gpus)
+        assert all(g.violation_ns is not None for g in inv.gpus)
+    assert r.sim.field_requests[pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION] == 8  # then dropped
+
+
+BATCHED_FIELDS = frozenset(
+    {
+        *range(
+            pynvml.NVML_FI_DEV_PERF_POLICY_POWER, pynvml.NVML_FI_DEV_PERF_POLICY_RELIABILITY + 1
+        ),
+        pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+        pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+        pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL,
+        pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL,
+        pynvml.NVML_FI_DEV_REMAPPED_COR,
+        pynvml.NVML_FI_DEV_REMAPPED_UNC,
+        pynvml.NVML_FI_DEV_REMAPPED_PENDING,
+        pynvml.NVML_FI_DEV_REMAPPED_FAILURE,
+        pynvml.NVML_FI_DEV_NVLINK_GET_STATE,
+    }
+)
+
+
+def _values(inv: GpuInventory) -> list[tuple[Any, ...]]:
+    return [
+        (g.violation_ns, g.ecc, g.remapped_rows, g.retired_pages, [x.up for x in g.nvlinks])
+        for g in inv.gpus
+    ]
+
+
+@pytest.mark.parametrize("how", ["fields", "function"])
+def test_without_the_fields_the_calls_give_the_same_values(
+    rig: Callable[..., Rig], how: str
+) -> None:
+    """A driver that does not serve these ids (or a library without nvmlDeviceGetFieldValues)
+    is read as before, call by call, with the same values: nothing is lost to batching."""
+    batched = rig("p5.48xlarge", "thermal@gpu1", "nvlink-down@gpu0:link3")
+    lacking = (
+        rig(
+            "p5.48xlarge",
+            "thermal@gpu1",
+            "nvlink-down@gpu0:link3",
+            unsupported_fields=BATCHED_FIELDS,
+        )
+        if how == "fields"
+        else rig(
+            "p5.48xlarge",
+            "thermal@gpu1",
+            "nvlink-down@gpu0:link3",
+            unsupported={"nvmlDeviceGetFieldValues"},
+        )
+    )
+    for _ in range(2):
+        expected, got = batched.read(advance=5.0), lacking.read(advance=5.0)
+        assert _values(got) == _values(expected)
+        assert all(g.up and g.error is None for g in got.gpus)
+    assert got.gpus[0].nvlinks[3].up is False
+    assert lacking.sim.calls["nvmlDeviceGetViolationStatus"] == 2 * 8 * 6
+    assert lacking.sim.calls["nvmlDeviceGetTotalEccErrors"] == 2 * 8 * 4
+    assert lacking.sim.calls["nvmlDeviceGetRemappedRows"] == 2 * 8
+    if how == "fields":  # each id asked once, then left out of the batch
+        assert all(lacking.sim.field_requests[f] <= 8 * 18 for f in BATCHED_FIELDS)
+        assert lacking.sim.calls["nvmlDeviceGetFieldValues"] == 2 * 8  # the rest still batched
+        assert got.gpus[0].pcie_tx_bytes is not None
+
+
+def test_energy_and_gpm_are_read_once_an_interval_and_never_served_older(
+    rig: Callable[..., Rig],
+) -> None:
+    """The two costly readings: read once an interval per GPU (staggered across the GPUs), the
+    value of the last read served in between, so what is served is never older than the
+    interval. When a GPU's reading was taken is what the simulated NVML counted."""
+    r = rig()
+    read_at: dict[tuple[int, str], float] = {}
+    served: dict[tuple[int, str], Any] = {}
+    costly = {
+        "nvmlDeviceGetTotalEnergyConsumption": ("energy_joules", ENERGY_INTERVAL_SECONDS),
+        "nvmlGpmMetricsGet": ("profiling", GPM_INTERVAL_SECONDS),
+    }
+    counted: Counter[tuple[int, str]] = Counter()
+    polls = 80  # 400 s
+    for poll in range(polls):
+        inv = r.read(advance=0.0 if poll == 0 else 5.0)
+        for g in inv.gpus:
+            for function, (attr, interval) in costly.items():
+                key = (g.index, function)
+                value = getattr(g, attr)
+                if r.sim.gpu_calls[key] > counted[key]:  # read this poll
+                    counted[key] = r.sim.gpu_calls[key]
+                    read_at[key], served[key] = r.clock.now, value
+                if poll == 0 and attr == "profiling":
+                    assert value is None  # one sample: no window yet
+                    continue
+                assert value is not None and value == served[key], (poll, key)
+                assert r.clock.now - read_at[key] < interval, (poll, key)
+    span = (polls - 1) * 5.0
+    for function, (_, interval) in costly.items():
+        assert 8 * (span / interval) <= r.sim.calls[function] <= 8 * (span / interval + 2)
+    # Staggered: after the first, no poll reads the energy of every GPU.
+    latest = Counter(t for (_, fn), t in read_at.items() if fn in costly and "Energy" in fn)
+    assert max(latest.values()) < 8
+
+
+def test_the_cadence_is_configurable(rig: Callable[..., Rig]) -> None:
+    r = rig(source={"energy_interval": 0.0, "gpm_interval": 0.0})
+    for _ in range(4):
+        r.read(advance=5.0)
+    assert r.sim.calls["nvmlDeviceGetTotalEnergyConsumption"] == 4 * 8
+    assert r.sim.calls["nvmlGpmMetricsGet"] == 3 * 8
+    with pytest.raises(ValueError):
+        NvmlGpuSource(r.sim, energy_interval=-1.0)
+    with pytest.raises(ValueError):
+        NvmlGpuSource(r.sim, deadline=0.0)
+
+
+def test_the_simulation_counts_calls_per_gpu_and_models_their_h100_cost(
+    rig: Callable[..., Rig],
+) -> None:
+    r = rig(source={"energy_interval": 3600.0, "gpm_interval": 3600.0})
+    r.read()
+    r.read(advance=5.0)  # the first GPM window
+    calls, cost = Counter(r.sim.gpu_calls), dict(r.sim.cost_ms)
+    r.read(advance=5.0)  # neither costly reading due
+    poll = Counter(r.sim.gpu_calls) - calls
+    assert {gpu for gpu, _ in poll} == set(range(8))
+    assert all(poll[(gpu, "nvmlDeviceGetFieldValues")] == 1 for gpu in range(8))
+    spent = {gpu: r.sim.cost_ms[gpu] - cost[gpu] for gpu in range(8)}
+    # a poll without energy: the batch (0.7 ms) plus ~0.01 ms per other call
+    assert all(0.7 < ms < 1.5 for ms in spent.values())
+    r.sim.nvmlInit()
+    handle = r.sim.nvmlDeviceGetHandleByIndex(0)
+    before = r.sim.cost_ms[0]
+    r.sim.nvmlDeviceGetTotalEnergyConsumption(handle)
+    r.sim.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION])
+    assert r.sim.cost_ms[0] - before == pytest.approx(4.4 + 0.7 + 4.2)
+
+
+# ----- a hung NVML call (issue 28) -----------------------------------------------------------
+
+
+def test_a_hung_call_downs_its_gpu_and_serves_the_others_stale(rig: Callable[..., Rig]) -> None:
+    """nvml-hang@gpu3: the read returns at its deadline; GPU 3 is down with a TIMEOUT (judged as
+    any timeout), the other GPUs keep their last good values marked stale, the hang is named;
+    no second read starts beside the hung one; when the call returns, reads are fresh again."""
+    r = rig(source={"deadline": 0.3})
+    good = r.read()
+    hang = parse_fault("nvml-hang@gpu3")
+    r.sim.inject(hang)
+    inv = r.read(advance=5.0)
+    assert inv.available and inv.hung is not None and "on GPU 3" in inv.hung
+    assert inv.hung_since is not None
+    stuck = inv.gpus[3]
+    assert not stuck.up and stuck.failure is not None and stuck.failure.kind == NVML_TIMEOUT
+    assert "NVML hung" in (stuck.error or "") and stuck.uuid == good.gpus[3].uuid
+    for old, new in zip(good.gpus, inv.gpus, strict=True):
+        if new.index != 3:
+            assert new.up and new.stale_since is not None
+            assert replace(new, stale_since=None) == old
+    calls = r.sim.calls.total()
+    again = r.read(advance=5.0)
+    assert r.sim.calls.total() == calls  # the hung read is not joined by another
+    assert again.hung == inv.hung and not again.gpus[3].up
+    r.sim.clear(hang)
+    deadline = time.monotonic() + 10.0
+    fresh = r.read(advance=5.0)
+    while fresh.hung is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        fresh = r.read(advance=5.0)
+    assert fresh.hung is None and all(g.up and g.stale_since is None for g in fresh.gpus)
+
+
+def test_a_call_hung_from_the_start_leaves_every_gpu_a_timeout(rig: Callable[..., Rig]) -> None:
+    """Hung while enumerating: nothing read yet, so no GPU is served as up. Every GPU NVML
+    counted is down with a TIMEOUT (never a deployment or a hardware verdict on its own), the
+    ones enumerated under their identity."""
+    r = rig("p5.48xlarge", "nvml-hang@gpu3", source={"deadline": 0.3})
+    inv = r.source.read()
+    assert inv.available and "GPU 3" in (inv.hung or "")
+    assert [g.index for g in inv.gpus] == list(range(8))
+    assert all(not g.up and g.failure and g.failure.kind == NVML_TIMEOUT for g in inv.gpus)
+    assert [g.uuid for g in inv.gpus[:3]] == [r.sim.uuid_of(i) for i in range(3)]
+    assert "blocked on GPU 3" in (inv.gpus[5].error or "")
+
+
+def test_xids_still_arrive_while_a_read_hangs(rig: Callable[..., Rig]) -> None:
+    r = rig(source={"deadline": 0.3})
+    r.source.start()
+    r.read()
+    r.sim.inject(parse_fault("nvml-hang@gpu3"))
+    assert r.read(advance=5.0).hung is not None
+    r.sim.inject(parse_fault("xid=79@gpu3"))
+    events = wait_for_xids(r, 1)
+    assert [(e.gpu_index, e.xid) for e in events] == [(3, 79)]
+
+
+def test_close_leaves_a_hung_read_alone(rig: Callable[..., Rig]) -> None:
+    r = rig(source={"deadline": 0.3})
+    r.read()
+    r.sim.inject(parse_fault("nvml-hang@gpu5"))
+    assert r.read(advance=5.0).hung is not None
+    r.source.close()  # returns; NVML is not shut down under the hung call
+    assert r.sim.calls["nvmlShutdown"] == 0

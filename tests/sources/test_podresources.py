@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -209,3 +213,69 @@ def test_static_source() -> None:
     assert source.gpu_assignments() == {}
     assert got == {"GPU-1": ref}  # earlier answers are copies
     source.close()
+
+
+# ----- the generated stubs, and the grpcio they need (issue 28) -------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_generated_stubs_refuse_grpcio_older_than_1_85_1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The premise: the pinned generated code checks the installed grpcio at import (the
+    version README and pyproject state as the minimum)."""
+    from exporter.sources import podresources_pb
+
+    monkeypatch.setattr(grpc, "__version__", "1.84.0")
+    monkeypatch.delitem(sys.modules, "exporter.sources.podresources_pb.api_pb2_grpc")
+    monkeypatch.delattr(podresources_pb, "api_pb2_grpc")
+    with pytest.raises(RuntimeError, match=r"grpcio>=1\.85\.1"):
+        importlib.import_module("exporter.sources.podresources_pb.api_pb2_grpc")
+
+
+def test_an_old_grpcio_fails_the_collector_not_the_agent(
+    kubelet: FakeKubelet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked to read the kubelet under a grpcio the stubs refuse: a SourceError naming the
+    version needed (the podresources collector fails, everything else is served)."""
+    from exporter.sources import podresources_pb
+
+    monkeypatch.setattr(grpc, "__version__", "1.84.0")
+    monkeypatch.delitem(sys.modules, "exporter.sources.podresources_pb.api_pb2_grpc")
+    monkeypatch.delattr(podresources_pb, "api_pb2_grpc")
+    source = KubeletPodResources(kubelet.socket_path, timeout_seconds=5.0)
+    try:
+        with pytest.raises(SourceError) as failed:
+            source.gpu_assignments()
+    finally:
+        source.close()
+    assert failed.value.reason == "grpc_unusable"
+    assert "1.84.0" in str(failed.value) and "grpcio >= 1.85.1" in str(failed.value)
+
+
+def test_no_kubernetes_starts_under_an_old_grpcio_without_loading_the_stubs(
+    tmp_path: Path,
+) -> None:
+    """`topowatch node --no-kubernetes` never calls the kubelet, so it must start whatever
+    grpcio the image has: run on real sources (no GPU here) with grpcio reporting 1.84.0, it
+    prints its exposition and has not imported the generated stubs."""
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "proc").mkdir()
+    code = (
+        "import sys\n"
+        "import grpc\n"
+        "grpc.__version__ = '1.84.0'\n"
+        "from exporter.cli import main\n"
+        "rc = main(['--log-level', 'ERROR', 'node', '--once', '--no-kubernetes', '--no-health',"
+        f" '--sysfs-root', {str(tmp_path / 'sys')!r}, '--proc-root', {str(tmp_path / 'proc')!r},"
+        " '--kernel-log', 'off'])\n"
+        "print(sorted(m for m in sys.modules if 'podresources' in m), file=sys.stderr)\n"
+        "sys.exit(rc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    assert "topowatch_nvml_up" in done.stdout
+    assert done.stderr.strip().splitlines()[-1] == "[]"

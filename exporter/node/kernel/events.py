@@ -33,8 +33,10 @@ MAX_SERIES = 512  # distinct count keys; beyond it, the device is folded into "o
 # Kinds whose `device` is a piece of hardware (bounded by the machine); a hung task's name and
 # pid are not, so they stay in the message, never in a label.
 _HARDWARE_DEVICE_KINDS = frozenset(
-    {"sxid", "efa_driver", "pcie_aer", "nvlink", "xid", "gpu_fallen_off_bus"}
+    {"sxid", "efa_driver", "pcie_aer", "nvlink", "xid", "gpu_fallen_off_bus", "gpu_init_failed"}
 )
+# "<function>: N callbacks suppressed" (lib/ratelimit.c): N messages the kernel dropped.
+SUPPRESSED_KIND = "printk_suppressed"
 
 
 @dataclass(slots=True)
@@ -67,6 +69,7 @@ class KernelLogLedger:
         self.lines = 0
         self.dropped = 0
         self.malformed = 0
+        self.suppressed = 0  # messages the kernel's ratelimit dropped, as its lines report
         # XIDs seen from one side and not yet from the other: (gpu, xid) -> timestamps
         self._unpaired: dict[str, dict[tuple[int, int], deque[float]]] = {"nvml": {}, "log": {}}
 
@@ -103,6 +106,8 @@ class KernelLogLedger:
             )
             events.append(event)
             self._count(event)
+            if hit.kind == SUPPRESSED_KIND and hit.code is not None:
+                self.suppressed += hit.code
         return tuple(events)
 
     def _count(self, e: KernelLogEvent) -> None:
@@ -179,4 +184,5 @@ class KernelLogLedger:
             lines=self.lines,
             dropped=self.dropped,
             malformed=self.malformed,
+            suppressed=self.suppressed,
         )

@@ -5,7 +5,8 @@ after ``;`` in a /dev/kmsg record, or the journal's MESSAGE, with no syslog or d
 every row matches from the start of the message, where the driver's own prefix is ("NVRM: ",
 "nvidia-nvswitch3: ", "efa 0000:00:06.0: ", "pcieport 0000:00:01.0: "...). Up to a thousand
 lines a second come, almost none of them faults, so a line first passes a two-check gate (does
-it start like one of our drivers' lines, or carry "AER: " / "Bus Error" anywhere?), then each
+it start like one of our drivers' lines, or carry "AER: ", "Bus Error" or " callbacks suppressed"
+anywhere?), then each
 kind's rows are tried only when one of the kind's literals is in the line (`_KIND_LITERALS`).
 
 What a fault looks like lives in one data file, ``exporter/core/data/kernel-log-patterns.csv``
@@ -34,11 +35,15 @@ KINDS: tuple[str, ...] = (
     "pcie_aer",
     "nvlink",
     "hung_task",
+    "uvm_fatal",  # NVIDIA UVM's global fatal error: the driver asks for an OS reboot
+    "gpu_init_failed",  # RmInitAdapter failed: a GPU the driver could not initialise
+    "printk_suppressed",  # the kernel's ratelimit dropped N messages: counted, not judged
 )
 
 SEVERITIES: tuple[str, ...] = ("fatal", "error", "warning", "corrected")
 
-# The named groups a row's regex may use; anything else is a typo in the table.
+# The named groups a row's regex may use; anything else is a typo in the table. `code` is the XID
+# or SXid number, or the number of messages a "callbacks suppressed" line says were dropped.
 GROUPS: frozenset[str] = frozenset({"code", "pci", "device", "severity"})
 
 # Stage one: rows match from the start of the message, so a line can match only if it starts
@@ -46,7 +51,9 @@ GROUPS: frozenset[str] = frozenset({"code", "pci", "device", "severity"})
 # owns the device), carries one of `_ANYWHERE`. One startswith and two substring checks settle
 # almost every line. A new kind whose lines pass neither must extend these.
 _LINE_STARTS: tuple[str, ...] = ("NVRM: ", "nvidia-nvswitch", "efa ", "infiniband ", "INFO: task ")
-_ANYWHERE: tuple[str, ...] = ("AER: ", "Bus Error")
+# AER lines start with whichever driver owns the device; the ratelimit's "callbacks suppressed"
+# with the name of whichever function was rate-limited.
+_ANYWHERE: tuple[str, ...] = ("AER: ", "Bus Error", " callbacks suppressed")
 
 # Stage two: every line of a kind carries one of these literals, so a line without any of them
 # skips the kind's rows: `in` on a str is a fast substring search, far cheaper than a regex.
@@ -58,6 +65,9 @@ _KIND_LITERALS: dict[str, tuple[str, ...]] = {
     "pcie_aer": ("AER: ", "Bus Error"),
     "nvlink": ("NVLink: ",),
     "hung_task": ("blocked for more than",),
+    "uvm_fatal": ("uvm encountered global fatal error",),
+    "gpu_init_failed": ("RmInitAdapter failed",),
+    "printk_suppressed": (" callbacks suppressed",),
 }
 
 # The severity words lines carry (AER's aer_error_severity_string, old and new spellings, and
@@ -121,6 +131,7 @@ def record_may_match(raw: bytes) -> bool:
         raw.startswith(_RAW_STARTS, raw.find(b";") + 1)
         or _RAW_ANYWHERE[0] in raw
         or _RAW_ANYWHERE[1] in raw
+        or _RAW_ANYWHERE[2] in raw
     )
 
 
@@ -216,7 +227,12 @@ def match_line(message: str) -> LogMatch | None:
     `message` is the message text alone (no syslog, journal or dmesg prefix).
     """
     text = message[:_MAX_CHARS]
-    if not text.startswith(_LINE_STARTS) and _ANYWHERE[0] not in text and _ANYWHERE[1] not in text:
+    if (
+        not text.startswith(_LINE_STARTS)
+        and _ANYWHERE[0] not in text
+        and _ANYWHERE[1] not in text
+        and _ANYWHERE[2] not in text
+    ):
         return None
     for literals, rows in _plan():
         for literal in literals:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from exporter.core.snapshot import PodRef
+from exporter.core.xid import recovery_name
 from exporter.node.kernel.patterns import record_may_match
 from exporter.node.poller import NodeSources
 from exporter.sim.faults import EFA_FAULTS, Fault, FaultSpecError
@@ -33,6 +34,14 @@ _BOOT_LINES = (
     "pcieport 0000:00:01.0: AER: enabled with IRQ 122",
     "efa 0000:10:1b.0 rdmap16s27: IB device registered",
 )
+
+
+def _recovery_changed(nvrm: str, action: int) -> str:
+    """XID 154 as the driver logs it (gpu.c `gpuRefreshRecoveryAction`), from none."""
+    return (
+        f"NVRM: Xid (PCI:{nvrm}): 154, GPU recovery action changed from 0x0 (None) to"
+        f" 0x{action:x} ({recovery_name(action)})"
+    )
 
 
 class SimClock:
@@ -134,9 +143,21 @@ class SimulatedNode:
         if fault.gpu is not None:
             address = self.profile.gpus[fault.gpu].sysfs_address
             nvrm = address.rsplit(".", 1)[0]  # NVRM prints the address without its function
+            if fault.kind == "xid" and fault.xid is not None and fault.bare:
+                return [f"NVRM: Xid (PCI:{nvrm}): {fault.xid}"]
             if fault.kind == "xid" and fault.xid is not None:
                 text = "GPU has fallen off the bus." if fault.xid == 79 else "Ch 00000008"
-                return [f"NVRM: Xid (PCI:{nvrm}): {fault.xid}, pid=4242, name=python3, {text}"]
+                lines = [f"NVRM: Xid (PCI:{nvrm}): {fault.xid}, pid=4242, name=python3, {text}"]
+                if fault.xid == 95:  # the driver marks the GPU for reset: XID 154 follows
+                    lines.append(_recovery_changed(nvrm, 1))
+                return lines
+            if fault.kind == "recovery" and fault.recovery is not None:
+                return [_recovery_changed(nvrm, fault.recovery)]
+            if fault.kind == "gpu-init-failed":
+                return [
+                    f"NVRM: GPU {address}: RmInitAdapter failed! (0x22:0x56:667)",
+                    f"NVRM: GPU {address}: rm_init_adapter failed, device minor number {fault.gpu}",
+                ]
             if fault.kind == "gpu-lost":
                 return [
                     f"NVRM: Xid (PCI:{nvrm}): 79, pid=4242, name=python3, "
@@ -153,12 +174,33 @@ class SimulatedNode:
         if fault.kind == "efa-reset-failed" and fault.device is not None:
             efa = next(e for e in self.profile.efa if e.name == fault.device)
             return [f"efa {efa.pci_address} {efa.name}: Reset indication didn't turn on"]
+        if fault.kind == "efa-admin-timeout" and fault.device is not None:
+            efa = next(e for e in self.profile.efa if e.name == fault.device)
+            prefix = f"efa {efa.pci_address} {efa.name}"
+            return [
+                f"{prefix}: The device didn't send any completion for admin cmd GET_STATS(13)"
+                " status 2 (ctx 0x000000009a3c41f0, sq producer: 1861, sq consumer: 1860,"
+                " cq consumer: 1860)",
+                f"{prefix}: Admin queue is closed",
+            ]
         if fault.kind == "hung-task":
             return ["INFO: task python3:4242 blocked for more than 122 seconds."]
+        if fault.kind == "uvm-fatal":
+            return [
+                "NVRM: nvGpuOpsReportFatalError: uvm encountered global fatal error 0x60,"
+                " requiring os reboot to recover.",
+                *(
+                    _recovery_changed(gpu.sysfs_address.rsplit(".", 1)[0], 2)
+                    for gpu in self.profile.gpus
+                ),
+            ]
+        if fault.kind == "callbacks-suppressed":
+            return ["net_ratelimit: 37 callbacks suppressed"]
         return []
 
     def sources(self) -> NodeSources:
-        gpu = NvmlGpuSource(self.nvml, wall_clock=self.clock)  # events stamped in sim time
+        # events stamped, and the costly readings' cadence kept, in simulated time
+        gpu = NvmlGpuSource(self.nvml, clock=self.clock, wall_clock=self.clock)
         gpu.start()
         return NodeSources(
             gpu=gpu,

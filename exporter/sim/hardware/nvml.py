@@ -22,9 +22,18 @@ LIBRARY_NOT_FOUND (what pynvml raises when libnvidia-ml.so.1 cannot be loaded) a
 device files already open stay usable, so injected at run time they bite at the next init.
 `gpu-lost`, `gpu-reset-required` and `nvml-timeout` fail every call on their GPU with
 GPU_IS_LOST, RESET_REQUIRED and TIMEOUT (field-value batches per slot, as the driver does).
+`driver-unloaded` and `driver-upgraded` fail every call at once, and `nvmlInit` after it, with
+DRIVER_NOT_LOADED and LIB_RM_VERSION_MISMATCH: the driver went away under the loaded library.
+The GPU recovery action (field 230) follows `recovery=`, `xid=95` and `uvm-fatal`, each
+announced by an XID 154 through the event set, as the driver does (`recovery_action`).
+`nvml-hang` makes every call on its GPU (from `nvmlDeviceGetHandleByIndex` on) block until the
+fault is cleared, as a call into a wedged driver never returns; the event set keeps delivering.
 
-`calls` counts every simulated function by name, and `field_requests` every requested field
-id, so tests can assert what the source asked for.
+`calls` counts every simulated function by name, `field_requests` every requested field id, and
+`gpu_calls` every call made on one GPU, by (GPU index, function), so tests and benchmarks can
+assert and print what the source asked for. `cost_ms` adds up, per GPU, what those calls would
+have cost in CPU on a real H100 (`H100_CALL_COST_MS`, measured with driver 580.159.04): the
+simulation's own cost says nothing about the real library's, where four functions are 95 % of it.
 """
 
 from __future__ import annotations
@@ -86,12 +95,82 @@ _LINK_FIELDS = (
         }
     )
     | _NVLINK5_FIELDS
+    | {pynvml.NVML_FI_DEV_NVLINK_GET_STATE}
 )
 _DL_ERROR_FIELDS = frozenset(
     {
         pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
         pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
         pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
+    }
+)
+
+# CPU per call on a real H100 (driver 580.159.04, the node agent at 5 s; issue 28): the four
+# functions that made 12.4 of the 13 ms a GPU cost per poll. A field-values batch costs about the
+# same whatever it holds (six violation fields together 0.68 ms, against 0.9 ms for each as its own
+# call), except total energy, which costs ~4.2 ms however it is read (field 83 or its own call).
+H100_CALL_COST_MS = {
+    "nvmlDeviceGetViolationStatus": 0.9,
+    "nvmlDeviceGetTotalEnergyConsumption": 4.4,
+    "nvmlGpmMetricsGet": 1.9,
+    "nvmlDeviceGetFieldValues": 0.7,
+}
+H100_FIELD_COST_MS = {pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: 4.2}
+# Everything else was < 0.1 ms in all (power 0.003 ms): 0.6 ms left over ~55 calls a poll.
+H100_OTHER_CALL_MS = 0.01
+
+XID_RECOVERY_ACTION_CHANGED = 154  # the driver logs it whenever a GPU's recovery action changes
+# XIDs after which the driver marks the GPU for a reset, and so the recovery action it sets:
+# 95, an uncontained ECC error ("Uncontained: ... RST: Yes", kern_gpu_error_cont_ga100.c).
+_XID_RECOVERY = {95: int(pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)}
+_RECOVERY_PRECEDENCE = tuple(
+    int(getattr(pynvml, f"NVML_GPU_RECOVERY_ACTION_{name}"))
+    for name in ("NODE_REBOOT", "GPU_RESET", "DRAIN_AND_RESET", "DRAIN_P2P", "RECOVER_IMEX_DOMAIN")
+)
+
+# The throttled-time counters as field values (nvml.h NVML_FI_DEV_PERF_POLICY_*, nanoseconds,
+# what nvmlDeviceGetViolationStatus returns as violationTime), by nvmlPerfPolicyType_t.
+_PERF_POLICY_FIELDS = {
+    pynvml.NVML_FI_DEV_PERF_POLICY_POWER: pynvml.NVML_PERF_POLICY_POWER,
+    pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: pynvml.NVML_PERF_POLICY_THERMAL,
+    pynvml.NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: pynvml.NVML_PERF_POLICY_SYNC_BOOST,
+    pynvml.NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT: pynvml.NVML_PERF_POLICY_BOARD_LIMIT,
+    pynvml.NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION: pynvml.NVML_PERF_POLICY_LOW_UTILIZATION,
+    pynvml.NVML_FI_DEV_PERF_POLICY_RELIABILITY: pynvml.NVML_PERF_POLICY_RELIABILITY,
+}
+# ECC totals as field values (nvml.h: SBE = corrected, DBE = uncorrected), what
+# nvmlDeviceGetTotalEccErrors returns: (error type, counter type) by field id.
+_ECC_FIELDS = {
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: (
+        pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+        pynvml.NVML_VOLATILE_ECC,
+    ),
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: (
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        pynvml.NVML_VOLATILE_ECC,
+    ),
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: (
+        pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+        pynvml.NVML_AGGREGATE_ECC,
+    ),
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: (
+        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        pynvml.NVML_AGGREGATE_ECC,
+    ),
+}
+# nvmlDeviceGetRemappedRows' four values as field values, in its order.
+_REMAP_FIELDS = (
+    pynvml.NVML_FI_DEV_REMAPPED_COR,
+    pynvml.NVML_FI_DEV_REMAPPED_UNC,
+    pynvml.NVML_FI_DEV_REMAPPED_PENDING,
+    pynvml.NVML_FI_DEV_REMAPPED_FAILURE,
+)
+# Page retirement as field values: NOT_SUPPORTED from A100 on, as the calls are.
+_RETIRED_FIELDS = frozenset(
+    {
+        pynvml.NVML_FI_DEV_RETIRED_SBE,
+        pynvml.NVML_FI_DEV_RETIRED_DBE,
+        pynvml.NVML_FI_DEV_RETIRED_PENDING,
     }
 )
 
@@ -208,6 +287,9 @@ class SimulatedNvml:
         self.timeout_gpus: set[int] = set(timeouts)  # GPUs whose every call times out
         self.calls: Counter[str] = Counter()
         self.field_requests: Counter[int] = Counter()
+        self.gpu_calls: Counter[tuple[int, str]] = Counter()  # (GPU index, function) -> calls
+        self.cost_ms: dict[int, float] = {}  # GPU index -> modelled H100 CPU ms
+        self.hung_calls = 0  # calls that blocked on an `nvml-hang` GPU (some may still be)
         self._clock = clock or time.monotonic
         self._t0 = self._clock()
         self._lock = threading.Lock()
@@ -226,6 +308,7 @@ class SimulatedNvml:
         self._event_sets: dict[int, set[int]] = {}  # event set -> registered GPUs
         self._pending_xids: deque[tuple[int, int]] = deque()  # (gpu, xid)
         self._faults: dict[Fault, float] = {}  # active fault -> simulated time it began
+        self._xid_recovery: dict[int, int] = {}  # GPU -> recovery action an XID marked it with
         self._thermal_banked: dict[int, float] = {}  # GPU -> throttled seconds of cleared faults
         for fault in faults:
             self.inject(fault)
@@ -241,10 +324,18 @@ class SimulatedNvml:
             if fault.kind == "xid":
                 if fault.gpu is not None and fault.xid is not None:
                     self._pending_xids.append((fault.gpu, fault.xid))
+                    reset = _XID_RECOVERY.get(fault.xid)
+                    if reset is not None and self._xid_recovery.get(fault.gpu) != reset:
+                        self._xid_recovery[fault.gpu] = reset  # the driver marks it, logs 154
+                        self._pending_xids.append((fault.gpu, XID_RECOVERY_ACTION_CHANGED))
                     self._events.notify_all()
                 return
             if fault not in self._faults:  # copy on write: readers iterate without the lock
                 self._faults = {**self._faults, fault: self._now()}
+                if fault.kind in ("recovery", "uvm-fatal"):  # a new action: XID 154 says so
+                    gpus = range(len(self._gpus)) if fault.gpu is None else [fault.gpu]
+                    self._pending_xids.extend((g, XID_RECOVERY_ACTION_CHANGED) for g in gpus)
+                    self._events.notify_all()
 
     def clear(self, fault: Fault) -> None:
         with self._events:
@@ -257,6 +348,7 @@ class SimulatedNvml:
                 banked = self._thermal_banked.get(fault.gpu, 0.0)
                 self._thermal_banked[fault.gpu] = banked + self._now() - began
             self._faults = {f: t for f, t in self._faults.items() if f != fault}
+            self._events.notify_all()  # a call hung on this fault returns
 
     def __getattr__(self, name: str) -> Any:
         """NVML_* constants, structs and error classes come from pynvml itself."""
@@ -301,6 +393,27 @@ class SimulatedNvml:
             self.calls[name] += 1
         if not self._initialized:
             raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        if self._faults and name != "nvmlShutdown":
+            gone = self._driver_code()
+            if gone is not None:  # the driver went away under the library: every call fails
+                raise _error(gone)
+
+    def _charge(self, gpu: int, name: str) -> None:
+        """A call made on one GPU: counted per GPU, with what it would cost on an H100."""
+        with self._lock:
+            self.gpu_calls[(gpu, name)] += 1
+            cost = H100_CALL_COST_MS.get(name, H100_OTHER_CALL_MS)
+            self.cost_ms[gpu] = self.cost_ms.get(gpu, 0.0) + cost
+
+    def _hang(self, gpu: int) -> None:
+        """Block, as a call into a wedged driver does, while `nvml-hang` holds this GPU."""
+        if not self._has("nvml-hang", gpu):
+            return
+        with self._events:
+            self.hung_calls += 1
+            self._events.notify_all()
+            while self._has("nvml-hang", gpu):
+                self._events.wait()
 
     def _resolve(self, handle: Any) -> _SimGpu:
         gpu = self._by_id.get(id(handle))
@@ -317,6 +430,9 @@ class SimulatedNvml:
         """Count the call and find its GPU, failing it as a fault or the profile says."""
         self._count(name)
         gpu = self._resolve(handle)
+        self._charge(gpu.index, name)
+        if self._faults:
+            self._hang(gpu.index)
         down = self._down_code(gpu.index)
         if down is not None:
             raise _error(down)
@@ -354,6 +470,16 @@ class SimulatedNvml:
                 return int(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
             if fault.kind == "nvml-no-permission":
                 return int(pynvml.NVML_ERROR_NO_PERMISSION)
+        return self._driver_code()
+
+    def _driver_code(self) -> int | None:
+        """What NVML answers while the driver is unloaded ("NVIDIA driver is not loaded") or
+        replaced by another version ("RM detects a driver/library version mismatch")."""
+        for fault in self._faults:
+            if fault.kind == "driver-unloaded":
+                return int(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+            if fault.kind == "driver-upgraded":
+                return int(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH)
         return None
 
     def _activity(self, gpu: _SimGpu, now: float) -> float:
@@ -420,6 +546,9 @@ class SimulatedNvml:
         self._count("nvmlDeviceGetHandleByIndex")
         if not 0 <= index < len(self._gpus):
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._charge(index, "nvmlDeviceGetHandleByIndex")
+        if self._faults:
+            self._hang(index)
         return self._gpus[index].handle
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
@@ -470,7 +599,9 @@ class SimulatedNvml:
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
         gpu = self._device("nvmlDeviceGetTotalEnergyConsumption", handle)
-        now = self._now()
+        return self._energy_mj(gpu, self._now())
+
+    def _energy_mj(self, gpu: _SimGpu, now: float) -> int:
         idle = self._power_watts(gpu, 0.0)
         span = self._power_watts(gpu, 1.0) - idle
         return int(1000 * (idle * now + span * gpu.wave.integral(now)))
@@ -524,7 +655,9 @@ class SimulatedNvml:
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
         gpu = self._device("nvmlDeviceGetTotalEccErrors", handle)
-        now = self._now()
+        return self._ecc(gpu, errorType, counterType, self._now())
+
+    def _ecc(self, gpu: _SimGpu, errorType: int, counterType: int, now: float) -> int:
         if errorType == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED:
             volatile = int((now + gpu.ecc_offset) // gpu.ecc_interval)
             aggregate = volatile + gpu.ecc_aggregate_base
@@ -548,19 +681,41 @@ class SimulatedNvml:
         gpu = self._device("nvmlDeviceGetViolationStatus", device)
         if not 0 <= perfPolicyType < pynvml.NVML_PERF_POLICY_COUNT:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        now = self._now()
+        return pynvml.c_nvmlViolationTime_t(
+            referenceTime=int(time.time() * 1e6),
+            violationTime=self._violation_ns(gpu, perfPolicyType, self._now()),
+        )
+
+    def _violation_ns(self, gpu: _SimGpu, policy: int, now: float) -> int:
         throttled = 0.0
-        if perfPolicyType == pynvml.NVML_PERF_POLICY_THERMAL:
+        if policy == pynvml.NVML_PERF_POLICY_THERMAL:
             throttled = self._thermal_banked.get(gpu.index, 0.0)
             began = self._since("thermal", gpu.index)
             if began is not None:
                 throttled += now - began
-        return pynvml.c_nvmlViolationTime_t(
-            referenceTime=int(time.time() * 1e6), violationTime=int(throttled * 1e9)
-        )
+        return int(throttled * 1e9)
 
     def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:
-        gpu = self._device("nvmlDeviceGetRemappedRows", device)
+        return self._remapped(self._device("nvmlDeviceGetRemappedRows", device))
+
+    def recovery_action(self, gpu: int) -> int:
+        """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION of a GPU: an nvmlDeviceGpuRecoveryAction_t,
+        NVML_GPU_RECOVERY_ACTION_NONE unless a fault says otherwise: `recovery=` sets it, an
+        uncontained error (xid=95) marks the GPU for reset, `uvm-fatal` asks every GPU for a
+        node reboot; where several apply the driver's order decides (gpu.c
+        `gpuRefreshRecoveryAction`: reboot, reset, drain and reset, drain P2P, IMEX). A contained
+        error (ecc-dbe, XID 94) leaves it at none."""
+        wanted = set()
+        if gpu in self._xid_recovery:
+            wanted.add(self._xid_recovery[gpu])
+        for fault in self._faults:
+            if fault.kind == "uvm-fatal":
+                wanted.add(int(pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT))
+            elif fault.kind == "recovery" and fault.gpu == gpu and fault.recovery is not None:
+                wanted.add(fault.recovery)
+        return next((a for a in _RECOVERY_PRECEDENCE if a in wanted), min(wanted, default=0))
+
+    def _remapped(self, gpu: _SimGpu) -> tuple[int, int, int, int]:
         dbe = self._has("ecc-dbe", gpu.index)
         failure = self._has("remap-failure", gpu.index)
         return (gpu.remap_corrected, 1 if dbe else 0, 1 if dbe else 0, 1 if failure else 0)
@@ -685,6 +840,11 @@ class SimulatedNvml:
         needs a reset, RESET_REQUIRED)."""
         self._count("nvmlDeviceGetFieldValues")
         gpu = self._resolve(handle)
+        self._charge(gpu.index, "nvmlDeviceGetFieldValues")
+        if self._faults:
+            self._hang(gpu.index)
+        if "nvmlDeviceGetFieldValues" in self._unsupported:  # a library that predates it
+            raise _error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         if self._timing_out(gpu.index):
             raise _error(pynvml.NVML_ERROR_TIMEOUT)
         values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
@@ -693,17 +853,22 @@ class SimulatedNvml:
         now = self._now()
         done = gpu.wave.integral(now)
         stamp = int(time.time() * 1e6)
+        extra_ms = 0.0
         for slot, field_id in zip(plain, fieldIds, strict=True):
             try:
                 (slot.fieldId, slot.scopeId) = field_id
             except TypeError:
                 slot.fieldId = field_id
             self.field_requests[slot.fieldId] += 1
+            extra_ms += H100_FIELD_COST_MS.get(slot.fieldId, 0.0)
             slot.timestamp = stamp
             if lost is not None:
                 slot.nvmlReturn = lost
                 continue
             self._fill_field(gpu, slot, now, done)
+        if extra_ms:
+            with self._lock:
+                self.cost_ms[gpu.index] = self.cost_ms.get(gpu.index, 0.0) + extra_ms
         return values
 
     def _fill_field(self, gpu: _SimGpu, slot: Any, now: float, done: float) -> None:
@@ -752,6 +917,21 @@ class SimulatedNvml:
             return _ULL, gpu.pcie_replay_base + extra
         if fid == pynvml.NVML_FI_DEV_MEMORY_TEMP:
             return _UINT, round(self._temperature(gpu, now) + 4.0)
+        if fid in _PERF_POLICY_FIELDS:
+            return _ULL, self._violation_ns(gpu, _PERF_POLICY_FIELDS[fid], now)
+        if fid in _ECC_FIELDS:
+            return _ULL, self._ecc(gpu, *_ECC_FIELDS[fid], now)
+        if fid in _REMAP_FIELDS:
+            return _UINT, self._remapped(gpu)[_REMAP_FIELDS.index(fid)]
+        if fid == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+            return _UINT, self.recovery_action(gpu.index)
+        if fid == pynvml.NVML_FI_DEV_NVLINK_GET_STATE:
+            down = self._since("nvlink-down", gpu.index, scope) is not None
+            return _UINT, int(pynvml.NVML_FEATURE_DISABLED if down else pynvml.NVML_FEATURE_ENABLED)
+        if fid == pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+            return _ULL, self._energy_mj(gpu, now)
+        if fid in _RETIRED_FIELDS:
+            return None  # NOT_SUPPORTED, as the page retirement calls are (rows remap instead)
         return None
 
     def _link_kib(self, gpu: _SimGpu, link: int, direction: float, now: float, done: float) -> int:
@@ -809,6 +989,9 @@ class SimulatedNvml:
         if first is None or second is None or first[0] != second[0]:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu = self._gpus[first[0]]
+        self._charge(gpu.index, "nvmlGpmMetricsGet")
+        if self._faults:
+            self._hang(gpu.index)
         down = self._down_code(gpu.index)
         if down is not None:
             raise _error(down)

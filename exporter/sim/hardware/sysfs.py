@@ -85,8 +85,12 @@ from exporter.sim.faults import Fault
 from exporter.sim.hardware.profiles import EfaSpec, HardwareProfile, simulated_processes
 from exporter.sources.sysfs import EFA_DEVICE_COUNTERS, EFA_PORT_COUNTERS
 
-HANDLED_FAULTS = frozenset({"efa-missing", "efa-unresponsive", "efa-link-down", "rootfs-ro"})
-_EFA_DEVICE_FAULTS = frozenset({"efa-missing", "efa-unresponsive", "efa-link-down"})
+HANDLED_FAULTS = frozenset(
+    {"efa-missing", "efa-unresponsive", "efa-link-down", "efa-admin-timeout", "rootfs-ro"}
+)
+_EFA_DEVICE_FAULTS = frozenset(
+    {"efa-missing", "efa-unresponsive", "efa-link-down", "efa-admin-timeout"}
+)
 # Every this-many-th EFA device (from the first) has an ENA netdev: "EFA with ENA" on that
 # network card, EFA-only on the others (p5: 4 of 32, as the AWS P5 launch examples; p4d,
 # gb200: the first).
@@ -260,8 +264,12 @@ class SimulatedSysfs:
         self._building = False
         self._written = False
         for f in faults:
-            if self._add_fault(f) and f.kind == "efa-link-down" and f.device is not None:
+            if not self._add_fault(f) or f.device is None:
+                continue
+            if f.kind == "efa-link-down":
                 self._link_change(self._efa[f.device])  # down since before the tree was read
+            elif f.kind == "efa-admin-timeout":
+                self._admin_timeout(self._efa[f.device])
 
     # ------------------------------------------------------------------------------ public
 
@@ -390,6 +398,8 @@ class SimulatedSysfs:
             return
         if fault.kind == "efa-link-down" and fault.device is not None:
             self._link_change(self._efa[fault.device])
+        if fault.kind == "efa-admin-timeout" and fault.device is not None:
+            self._admin_timeout(self._efa[fault.device])
         if not self._written:
             return
         if fault.kind == "efa-missing" and fault.device is not None:
@@ -407,6 +417,9 @@ class SimulatedSysfs:
         device = fault.device
         if fault.kind == "efa-link-down" and device and not self._has_fault(fault.kind, device):
             self._link_change(self._efa[device])
+        if fault.kind == "efa-admin-timeout" and device:
+            # Clearing it is the device reset: the driver's counters restart at zero.
+            self._efa[device].base["no_completion_cmds"] = 0
         if not self._written:
             return
         if fault.kind == "efa-missing" and fault.device is not None:
@@ -446,6 +459,12 @@ class SimulatedSysfs:
 
     def _has_fault(self, kind: str, device: str | None = None) -> bool:
         return any(f.kind == kind and f.device == device for f in self._faults)
+
+    @staticmethod
+    def _admin_timeout(st: _EfaState) -> None:
+        """An admin command the device never completes: the driver counts it in
+        no_completion_cmds and closes the admin queue until the device is reset (efa_com.c)."""
+        st.base["no_completion_cmds"] += 1
 
     # ------------------------------------------------------------------------------ counters
 

@@ -41,6 +41,23 @@ def safe_reason(text: str) -> str:
     return "".join(c for c in flat if c.isprintable())[:MAX_REASON_CHARS]
 
 
+def parse_config(text: str) -> dict[str, str]:
+    """`scontrol show config`'s `Key = Value` lines (the first of a key wins; headings, blank
+    lines and the trailing `Slurmctld(primary) at ... is UP` have no `=` and are skipped)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if sep and key and " " not in key:
+            out.setdefault(key, value.strip())
+    return out
+
+
+def unset(value: str | None) -> bool:
+    """A `scontrol show config` value that means "not configured"."""
+    return value is None or value.strip() in ("", "(null)", "None")
+
+
 class SlurmCli:
     """scontrol, sinfo and squeue with a timeout each; `bin_dir` picks a Slurm other than PATH's."""
 
@@ -107,6 +124,10 @@ class SlurmCli:
 
     def squeue_json(self) -> str:
         return self.run(["squeue", "--json"])
+
+    def show_config(self) -> dict[str, str]:
+        """`scontrol show config` as {key: value}, values as printed (`(null)` when unset)."""
+        return parse_config(self.run(["scontrol", "show", "config"]))
 
     # -- writes (names checked first) --
 

@@ -23,6 +23,7 @@ from healthcheck.detection.checks import (
     numa,
     nvlink,
     pcie,
+    recovery,
     rootfs,
     thermal,
     xid,
@@ -35,6 +36,7 @@ Check = Callable[[NodeSnapshot, History, HealthConfig, float], list[Finding]]
 FAMILIES: tuple[tuple[str, Check], ...] = (
     ("xid", xid.check),
     ("memory", memory.check),
+    ("recovery", recovery.check),
     ("inventory", inventory.check),
     ("nvlink", nvlink.check),
     ("fabric", fabric.check),

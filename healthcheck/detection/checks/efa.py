@@ -11,8 +11,15 @@ What does change:
   report no carrier state read "unknown" while forwarding). An interface someone took down is
   not judged: its carrier cannot be read (EINVAL unless the interface is running). EFA-only
   interfaces have no netdev; the counters below are all there is for them.
-* `efa_admin_queue` (critical, reboot): `no_completion_cmds` rose. An admin command the device
-  never completed leaves the admin queue unusable until the device is reset (NVSentinel: fatal).
+* `efa_admin_queue` (fatal, reboot): `no_completion_cmds` is above zero. It counts admin
+  commands the device never completed (efa_com.c: on a completion timeout the driver counts
+  `no_completion` and clears the admin queue's running state, so every later command fails
+  "Admin queue is closed") and, like every hw counter, restarts at zero when the device is reset
+  or the driver reloaded. So one increase leaves the device unusable until that reset, and the
+  finding lasts exactly as long: from the first poll that reads the counter above zero (a rise
+  between two polls, or a value already there when the agent starts: the queue is still closed)
+  until it reads zero again. Fatal, so damping does not wait for K of N polls: a single
+  increase is the fault (NVSentinel's nic-health-monitor treats any increase as fatal).
 * `efa_device_errors` (warning, `efa.device_errors_action`, none by default): `cmds_err`,
   `rx_drops` or `retrans_timeout_events` above their rates in `EfaConfig`.
 * `efa_remote_errors` (warning, no action): unresponsive-remote or impaired-remote counters
@@ -53,6 +60,9 @@ def check(
             link = _link_down(device, before, history, now)
             if link is not None:
                 out.append(link)
+        stuck = _admin_queue(device, before, history, now)
+        if stuck is not None:
+            out.append(stuck)
         if before is None:
             continue
         out.extend(_device_counters(device, before, seconds, history, config, now))
@@ -101,6 +111,24 @@ def _link_down(
     return finding(history, now, LINK_DOWN, component, "critical", "reboot", evidence)
 
 
+def _admin_queue(
+    device: EfaDeviceReading, before: EfaDeviceReading | None, history: History, now: float
+) -> Finding | None:
+    """An admin command the device never completed since its last reset: fatal until reset."""
+    stuck = device.counters.get("no_completion_cmds")
+    if stuck is None or stuck <= 0:
+        return None
+    evidence = f"no_completion_cmds {stuck}"
+    old = before.counters.get("no_completion_cmds") if before is not None else None
+    if old is not None and stuck > old:
+        evidence += f" (+{stuck - old} since the last poll)"
+    evidence += (
+        ": an admin command the device never completed; its admin queue stays closed until"
+        " the device is reset"
+    )
+    return finding(history, now, ADMIN_QUEUE, device.device, "fatal", "reboot", evidence)
+
+
 def _device_counters(
     device: EfaDeviceReading,
     before: EfaDeviceReading,
@@ -111,20 +139,6 @@ def _device_counters(
 ) -> list[Finding]:
     out: list[Finding] = []
     now_c, before_c = device.counters, before.counters
-    stuck = rate(now_c.get("no_completion_cmds"), before_c.get("no_completion_cmds"), seconds)
-    if stuck is not None and stuck > 0:
-        added = now_c["no_completion_cmds"] - before_c["no_completion_cmds"]
-        out.append(
-            finding(
-                history,
-                now,
-                ADMIN_QUEUE,
-                device.device,
-                "critical",
-                "reboot",
-                f"no_completion_cmds +{added} (admin commands the device never completed)",
-            )
-        )
     cfg = config.efa
     errors: list[str] = []
     per_minute = rate(now_c.get("cmds_err"), before_c.get("cmds_err"), seconds)

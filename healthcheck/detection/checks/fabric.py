@@ -9,7 +9,11 @@ peers over NVLink. NVML reports the registration through `nvmlDeviceGetGpuFabric
   a GPU without an NVSwitch fabric, also H100 PCIe and single-GPU shapes) is never a finding;
   NOT_STARTED (1) and IN_PROGRESS (2) are normal right after boot, so they count only once the
   start-up grace (`fabric.startup_grace_seconds`, from the agent's first reading of the GPU)
-  has passed; COMPLETED (3) says the probe ended, not that it succeeded.
+  has passed; COMPLETED (3) says the probe ended, not that it succeeded. The grace is for a
+  registration still under way: one that COMPLETED with a failure will not succeed by waiting
+  (the probe is over), so it is judged at once, grace or not. On GB200 a node whose fabric
+  failed at boot would otherwise look healthy for its first five minutes, the very minutes in
+  which it is handed a job.
 * `status`, an `nvmlReturn_t`: "Error status, if any. Must be checked only if state returns
   'complete'". COMPLETED with a status other than NVML_SUCCESS is a failed registration and a
   finding. Seen on real nodes: `State: Completed, Status: Insufficient Resources, CliqueId: 0,
@@ -112,8 +116,8 @@ def check(
         if not gpu.up or fabric is None or fabric.state == "not_supported":
             continue
         first = history.gpu_first_seen.get(gpu.uuid, now)
-        if now - first < grace:
-            continue
+        if now - first < grace and fabric.state != "completed":
+            continue  # still registering: give it the grace
         component = f"gpu{gpu.index}"
         why = failure(fabric)
         if why is not None and _one_node_status_only(fabric):

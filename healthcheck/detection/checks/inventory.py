@@ -7,11 +7,15 @@ of an unknown type, or a poll whose sysfs read failed, is no evidence of missing
 NVML's failures are judged by what their return code means (the GPU source classifies each,
 see `_MEANING` in exporter/sources/nvml.py), never by "NVML does not answer" alone:
 
-* deployment (LIBRARY_NOT_FOUND, NO_PERMISSION, OPERATING_SYSTEM, FUNCTION_NOT_FOUND, and any
-  failure, DRIVER_NOT_LOADED included, while NVML has never worked since the agent started):
-  finding `deployment`, warning, no action, on the node or the one GPU. The agent's pod is
-  wrong, not the node; a reboot would not fix it and a bad rollout must not reboot the fleet.
-* hardware, NVML as a whole (it worked, then the driver went away): `nvml_down`, reboot.
+* deployment (LIBRARY_NOT_FOUND, NO_PERMISSION, OPERATING_SYSTEM, FUNCTION_NOT_FOUND,
+  DRIVER_NOT_LOADED and LIB_RM_VERSION_MISMATCH whenever they come, and any failure while NVML
+  has never worked since the agent started): finding `deployment`, warning, no action, on the
+  node or the one GPU. The agent's pod is wrong, not the node; a reboot would not fix it and a
+  bad rollout must not reboot the fleet. A driver unloaded under a running agent ("NVIDIA driver
+  is not loaded") or replaced by another version ("RM detects a driver/library version
+  mismatch": the library the agent loaded is the old one) is someone's upgrade or the GPU
+  operator's driver container, not a failing GPU: a GPU that fails says GPU_IS_LOST, an XID.
+* hardware, NVML as a whole (it worked, then failed with another code): `nvml_down`, reboot.
 * hardware, one GPU (GPU_IS_LOST "fallen off the bus", IRQ_ISSUE, INSUFFICIENT_POWER, or a GPU
   that was enumerated and is gone): `gpu_missing`, replace, the same fault as XID 79.
 * reset (RESET_REQUIRED): `gpu_reset_required`, critical, `nvml.reset_action` (reboot: a GPU
@@ -41,6 +45,7 @@ from exporter.core.snapshot import (
     NodeSnapshot,
 )
 from healthcheck.detection.checks.base import History, collector_ok, finding
+from healthcheck.detection.checks.recovery import verdict as recovery_verdict
 from healthcheck.detection.checks.xid import verdict
 from healthcheck.detection.config import HealthConfig
 
@@ -231,7 +236,11 @@ def _timeout_evidence(index: int, history: History, config: HealthConfig) -> lis
         {
             r.xid
             for r in history.xids.records
-            if r.gpu_index == index and verdict(r.xid, config.xid.app_xids)[0] != "info"
+            if r.gpu_index == index
+            and (
+                verdict(r.xid, config.xid.app_xids)[0] != "info"
+                or (r.named_action is not None and recovery_verdict(r.named_action)[2] != "none")
+            )
         }
     )
     if xids:

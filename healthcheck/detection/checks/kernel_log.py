@@ -1,5 +1,8 @@
 """Faults only the kernel log shows: a GPU fallen off the bus, NVSwitch SXIDs, EFA driver
-errors, PCIe AER, NVLink error lines, hung tasks.
+errors, PCIe AER, NVLink error lines, hung tasks, NVIDIA UVM's global fatal error ("requiring os
+reboot to recover": `kernel_uvm_fatal` on the node) and a GPU the driver failed to initialise
+(`RmInitAdapter failed!`: `kernel_gpu_init_failed` on that GPU, or on its PCI address when the
+agent never read it, as a GPU that failed to initialise never answers NVML).
 
 Lines are events, judged as XIDs are: a finding per (kind, GPU or device) while the latest
 matching line is younger than `kernel_log.hold_seconds`. What a line asks for follows the
@@ -7,6 +10,8 @@ pattern table's severity (exporter/core/data/kernel-log-patterns.csv): fatal lin
 first rung; the remediation ladder climbs from there), errors nothing unless configured,
 warnings (a hung task, a non-fatal SXID) nothing, corrected PCIe errors only in numbers. XID
 lines are left to the XID check: the poller merged them with NVML's XIDs, one fault one event.
+"N callbacks suppressed" lines (the kernel's ratelimit dropped N messages) are counted in
+`topowatch_kernel_log_suppressed_total`, not judged: what was dropped is unknown.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from exporter.core.snapshot import KernelLogCount, NodeSnapshot
 from healthcheck.detection.checks.base import History, finding
 from healthcheck.detection.config import HealthConfig
 
-_LEFT_TO_XID_CHECK = frozenset({"xid"})
+_NOT_JUDGED = frozenset({"xid", "printk_suppressed"})  # the XID check's; only counted
 
 
 def check(
@@ -30,7 +35,7 @@ def check(
     cfg = config.kernel_log
     judged: dict[tuple[str, str], list[tuple[tuple[str, str], KernelLogCount]]] = defaultdict(list)
     for c in reading.counts:
-        if c.kind in _LEFT_TO_XID_CHECK or now - c.last_at > cfg.hold_seconds:
+        if c.kind in _NOT_JUDGED or now - c.last_at > cfg.hold_seconds:
             continue
         verdict = _verdict(c, config)
         if verdict is not None:

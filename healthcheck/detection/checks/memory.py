@@ -1,8 +1,25 @@
 """GPU memory health: uncorrectable ECC, row remapping and page retirement.
 
-A volatile uncorrectable error or a pending remap is cleared or applied by a GPU reset (a
-reboot here); a failed remap or a full retirement table means the memory itself is worn out
-and the GPU must be replaced.
+What an uncorrectable error asks for depends on whether the driver contained it, and the driver
+says so itself: on A100 and later (H100, GB200) an uncorrectable error is contained where it can
+be, XID 94 ("Contained ECC error": only the application that used the memory is affected, it is
+ended; NVIDIA's XID catalog bucket RESTART_APP), or it is not, XID 95 ("Uncontained ECC
+error": every application on the GPU is affected; bucket RESET_GPU). The row holding it is marked
+for remapping, which "will be remapped at the next GPU reset" while "unaffected applications can
+continue running ... and new workloads can be launched" (NVIDIA's GPU Memory Error Management,
+"Row Remapping"; nvml.h `nvmlDeviceGetRemappedRows`: `isPending` "Remapping is pending", applied
+on the next reset). The driver's own verdict on what must be done is NVML's recovery action
+(field 230, checks/recovery.py).
+
+So the counters here are reported, never acted on by themselves: a volatile uncorrectable error
+count and a pending remap are warnings with no action. The reset they wait for comes from the
+finding that says it is needed: XID 95 (or 48 on GPUs without containment) through the XID
+check, or the driver's recovery action (GPU reset, drain and reset) through the recovery check.
+Rebooting a p5 for a contained error would end the jobs on the other seven GPUs for nothing.
+
+What is hardware worn out is acted on: a failed remap (no spare rows left) or a full retirement
+table means the GPU must be replaced. Page retirement (before A100) still asks for a reset when a
+page is pending retirement: those GPUs contain nothing.
 """
 
 from __future__ import annotations
@@ -31,9 +48,10 @@ def problems(gpu: GpuReading, limits: MemoryConfig) -> list[Problem]:
         out.append(
             Problem(
                 "ecc_uncorrectable",
-                "critical",
-                "reboot",
-                f"{dbe} volatile uncorrectable ECC errors (max {limits.uncorrected_volatile_max})",
+                "warning",
+                "none",
+                f"{dbe} volatile uncorrectable ECC errors (max {limits.uncorrected_volatile_max});"
+                " contained unless the driver says otherwise (XID 95, its recovery action)",
             )
         )
     rows = gpu.remapped_rows
@@ -50,10 +68,10 @@ def problems(gpu: GpuReading, limits: MemoryConfig) -> list[Problem]:
         out.append(
             Problem(
                 "row_remap_pending",
-                "critical",
-                "reboot",
-                f"row remap pending a GPU reset ({rows.uncorrected} uncorrectable,"
-                f" {rows.corrected} correctable)",
+                "warning",
+                "none",
+                f"row remap pending the next GPU reset ({rows.uncorrected} uncorrectable,"
+                f" {rows.corrected} correctable); running work continues",
             )
         )
     pages = gpu.retired_pages

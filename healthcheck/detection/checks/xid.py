@@ -6,7 +6,13 @@ first, as NVIDIA's own ladder climbs (drain, reset, restart, service); the remed
 ladder replaces the node when it falls off again (healthcheck/remediation/policy.py). Application
 XIDs recommend nothing alone and escalate only when they repeat on one GPU under different jobs (see
 xid_memory). Buckets that ask for a human (report the issue, check mechanicals, update software) are
-reported as warnings: rebooting would not fix them."""
+reported as warnings: rebooting would not fix them.
+
+XID 154 (GPU_RECOVERY_ACTION_CHANGED) says what the driver now requires of the GPU; its catalog
+bucket says to do what it names, overriding the XID that came with it. That verdict is the
+recovery check's (checks/recovery.py: NVML's recovery action field, else the action this XID's
+log line names), so it is listed here for the record (info, no action of its own) and the
+`gpu_recovery_*` finding carries the reset or reboot, on the ladder that fits it."""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from dataclasses import replace
 
 from exporter.core.findings import ACTIONS, SEVERITIES, Finding
 from exporter.core.snapshot import NodeSnapshot
-from exporter.core.xid import describe
+from exporter.core.xid import XID_RECOVERY_ACTION_CHANGED, describe, recovery_name
 from healthcheck.detection.checks.base import History, finding
 from healthcheck.detection.checks.xid_memory import XidRecord
 from healthcheck.detection.config import HealthConfig
@@ -34,9 +40,10 @@ QUIET_BUCKETS = frozenset({"IGNORE", "RESTART_APP", "WORKFLOW_XID_45"})
 
 
 def verdict(xid: int, app_xids: frozenset[int]) -> tuple[str, str]:
-    """(severity, action) for one XID on its own."""
+    """(severity, action) for one XID on its own. XID 154's action is the recovery action it
+    names, which the recovery check acts on: none here."""
     info = describe(xid)
-    if xid in app_xids or info.action in QUIET_BUCKETS:
+    if xid in app_xids or info.action in QUIET_BUCKETS or xid == XID_RECOVERY_ACTION_CHANGED:
         return "info", "none"
     if info.action in REBOOT_BUCKETS:
         return ("fatal" if info.severity == "FATAL" else "critical"), "reboot"
@@ -65,7 +72,11 @@ def check(
 def _describe(record: XidRecord) -> str:
     info = describe(record.xid)
     repeats = f" ({record.events} events)" if record.events != record.incidents else ""
-    return f"XID {record.xid} {info.name} ({info.action}) x{record.incidents}{repeats}"
+    named = ""
+    if record.named_action is not None:
+        action = record.named_action
+        named = f" to 0x{action:x} {recovery_name(action)} (see gpu_recovery_*)"
+    return f"XID {record.xid} {info.name} ({info.action}){named} x{record.incidents}{repeats}"
 
 
 def _app_repeats(history: History, config: HealthConfig, now: float) -> list[Finding]:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from exporter.core.snapshot import PodRef, XidEvent
+from exporter.core.xid import XID_RECOVERY_ACTION_CHANGED
 from healthcheck.detection.config import XidConfig
 
 MAX_APP_HITS = 1024  # bounds the memory whatever a broken job does
@@ -30,6 +31,10 @@ class XidRecord:
     last_event: float  # event timestamp of the latest event: the deduplication clock
     incidents: int  # distinct incidents after deduplication
     events: int  # raw events, repeats included
+    # XID 154 only: the recovery action its latest log line changed to (the line's "to 0xN"),
+    # and that line's time; None when no line named one (NVML's event carries only the code).
+    named_action: int | None = None
+    named_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,14 +59,25 @@ def job_of(pods: Mapping[str, PodRef], uuid: str) -> str:
     return f"{ref.namespace}/{ref.pod}" if ref is not None and ref.pod else ""
 
 
+@dataclass(frozen=True, slots=True)
+class NamedAction:
+    """What an XID 154 line on one GPU says the recovery action changed to."""
+
+    gpu_index: int
+    action: int  # nvmlDeviceGpuRecoveryAction_t
+    timestamp: float  # the line's time
+
+
 def remember(
     memory: XidMemory,
     events: Iterable[XidEvent],
     pods: Mapping[str, PodRef],
     config: XidConfig,
     now: float,
+    named: Iterable[NamedAction] = (),
 ) -> XidMemory:
-    """Fold this poll's events in, then forget what has aged out."""
+    """Fold this poll's events in, then the recovery actions XID 154 lines named (onto the XID
+    154 record of their GPU: the XID and its line are one event), then forget what aged out."""
     records = {(r.uuid, r.xid): r for r in memory.records}
     hits = list(memory.app_hits)
     for event in events:
@@ -86,6 +102,17 @@ def remember(
             hits.append(
                 AppXidHit(event.uuid, event.gpu_index, event.xid, job_of(pods, event.uuid), now)
             )
+    for n in named:
+        key154 = next(
+            (
+                k
+                for k, r in records.items()
+                if r.gpu_index == n.gpu_index and r.xid == XID_RECOVERY_ACTION_CHANGED
+            ),
+            None,
+        )
+        if key154 is not None and n.timestamp >= records[key154].named_at:
+            records[key154] = replace(records[key154], named_action=n.action, named_at=n.timestamp)
     kept = tuple(r for r in records.values() if now - r.last_seen <= config.hold_seconds)
     horizon = now - config.app_repeat_window_seconds
     recent = tuple(h for h in hits if h.at >= horizon)[-MAX_APP_HITS:]
