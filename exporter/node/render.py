@@ -60,6 +60,20 @@ def _flag(value: bool | None) -> int | None:
 
 GPU_FIELDS: tuple[Field, ...] = (
     Field(
+        "topowatch_gpu_recovery_action",
+        GAUGE,
+        "The driver's own recovery verdict (NVML field 230, until carried out): 0 none,"
+        " 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
+        lambda g: g.recovery_action,
+    ),
+    Field(
+        "topowatch_gpu_stale_since_timestamp_seconds",
+        GAUGE,
+        "Set while this GPU's values are the last good ones, not this poll's (an NVML call on"
+        " the node hung): when they stopped being fresh.",
+        lambda g: g.stale_since,
+    ),
+    Field(
         "topowatch_gpu_utilization_ratio",
         GAUGE,
         "Fraction of the last sample period a kernel ran on the GPU.",
