@@ -62,10 +62,33 @@ def model_from_objects(objects: Iterable[Mapping[str, Any]]) -> tuple[ClusterMod
             by_kind[kind].append(obj)
             newest = max(newest, _newest_time(obj))
     model = ClusterModel(judge_preemptions=False)
-    model.missing_kinds = frozenset(k for k in ("Cohort", "ResourceFlavor") if not by_kind[k])
+    model.missing_kinds = frozenset(k for k in KINDS if not by_kind[k])
+    model.elastic.dump_lacks(model.missing_kinds)  # "not in the dump", never "does not exist"
     for kind in _LOAD_ORDER:
         model.replace(kind, by_kind[kind], newest)
     return model, newest
+
+
+# What an answer cannot know when a dump holds no object of a kind `kubectl get nodes,pods,
+# workloads,clusterqueues,localqueues,events` would list (not asked for, or none existed).
+_UNSEEN = {
+    "Node": "nodes, so the topology, placement and free capacity are unknown",
+    "Pod": "pods, so where workloads run and how many replicas run are unknown",
+    "Workload": "Workloads, so no workload can be explained",
+    "ClusterQueue": "ClusterQueues, so quota is unknown",
+    "LocalQueue": "LocalQueues, so which ClusterQueue a pending workload waits in is unknown",
+    "Event": "Events, so preemptors are known only from Workload conditions",
+}
+
+
+def dump_notes(missing: Iterable[str]) -> list[str]:
+    """One note per listed kind the dump holds none of, in the order kubectl lists them."""
+    lacking = set(missing)
+    return [
+        f"the dump holds no {what} (the kind was not dumped, or had no objects)"
+        for kind, what in _UNSEEN.items()
+        if kind in lacking
+    ]
 
 
 def _newest_time(obj: Mapping[str, Any]) -> float:
@@ -89,6 +112,7 @@ def _newest_time(obj: Mapping[str, Any]) -> float:
 
 def explain_text(view: Mapping[str, Any]) -> str:
     lines = [_headline(view)]
+    lines.extend(f"Note: {note}" for note in view.get("dump_notes") or [])  # what it cannot know
     ended = view.get("history")
     if isinstance(ended, Mapping):  # a stored view: the workload is no longer live
         gone = f"deleted at {ended['deleted_at']}" if ended.get("deleted_at") else "deleted"
@@ -96,9 +120,22 @@ def explain_text(view: Mapping[str, Any]) -> str:
         lines.append(f"From history: {state}; as it was at {ended.get('ended_at')}.")
     pending = view.get("pending")
     if pending:
-        lines.append(f"Pending ({pending['cause']}): {pending['summary']}")
-        if pending["topology_message"] and pending["quota_message"]:
+        label = pending.get("label") or pending["cause"]
+        lines.append(f"Pending ({label}): {pending['summary']}")
+        shown = pending["topology_message"] or pending.get("short")
+        if shown and pending["quota_message"]:
             lines.append(f"  Kueue says: {pending['quota_reason']}: {pending['quota_message']}")
+        for unknown in pending.get("quota_unknown") or []:
+            lines.append(f"  Quota unknown for {unknown}")
+        if pending.get("nodes"):
+            lines.append(f"  Nodes: {pending['nodes']}")
+        for problem in pending.get("node_problems") or []:
+            lines.append(f"  Unreadable: {problem}")
+        for resource in pending.get("undeclared_resources") or []:
+            lines.append(
+                f"  Its pods request {resource}, which no resource group of its queue covers:"
+                " Kueue refuses that unless its configuration ignores or excludes the resource"
+            )
     for fix in view.get("would_run_if", []):
         lines.append(f"  It would run if {fix}.")
     suffered = view.get("preemptions_suffered", [])
@@ -221,6 +258,7 @@ def job_text(job: Mapping[str, Any]) -> str:
     queue = job.get("cluster_queue") or "?"
     lines = [f"{job['namespace']}/{job['name']} ({job['kind']}, {queue}): {job['summary']}"]
     lines.extend(_elastic_lines(job, preemptions=True))
+    lines.extend(f"Note: {note}" for note in job.get("notes") or [])
     return "\n".join(lines) + "\n"
 
 
@@ -263,11 +301,18 @@ def _scale_line(event: Mapping[str, Any]) -> str:
     start = "?" if event["from_replicas"] is None else event["from_replicas"]
     end = "?" if event["to_replicas"] is None else event["to_replicas"]
     head = f"{event['time']} {event['direction']} {start} -> {end} ({event['cause']})"
-    took = ", ".join(f"{p} +{s:.0f}s" for p, s in (event.get("seconds_to") or {}).items())
+    seconds = event.get("seconds_to") or {}
+    took = ", ".join(  # a phase reached at a time no object records reads "?"
+        f"{p} +{seconds[p]:.0f}s" if p in seconds else f"{p} ?"
+        for p in (event.get("phases") or {})
+        if p != "requested"
+    )
     if took:
         head += f": {took}"
     if event.get("failed"):
         head += f"; FAILED before {event['failed_phase']}: {event['failed']}"
+    elif event.get("ended"):
+        head += f"; {event['ended']}"
     elif not event.get("done"):
         head += "; in progress"
     return f"{head} [{event['workload']}]"

@@ -47,6 +47,10 @@ class PreemptionRecord:
     message: str
     source: str  # "condition" | "event"
     observed: Observed = "live"  # "history": rebuilt from what was already there, not counted
+    # For a quota verdict: the resource whose quota was short (the first, maximum capacity
+    # before unused quota), and the flavor; "" otherwise.
+    resource: str = ""
+    flavor: str = ""
 
     @property
     def victim(self) -> str:
@@ -177,5 +181,7 @@ def _merge(known: PreemptionRecord, new: PreemptionRecord) -> PreemptionRecord:
         gpus_freed=known.gpus_freed or new.gpus_freed,
         verdict=known.verdict if known.verdict != "unknown" else new.verdict,
         verdict_detail=known.verdict_detail if known.verdict != "unknown" else new.verdict_detail,
+        resource=known.resource if known.verdict != "unknown" else new.resource,
+        flavor=known.flavor if known.verdict != "unknown" else new.flavor,
         observed="live" if "live" in (known.observed, new.observed) else "history",
     )

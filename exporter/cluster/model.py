@@ -18,9 +18,13 @@ from typing import Any
 
 from exporter.cluster import analysis
 from exporter.cluster.analysis import PendingCause
+from exporter.cluster.capacity import flavors as flavor_assigner
+from exporter.cluster.capacity.flavors import QuotaAssignment
 from exporter.cluster.capacity.placement import (
     Eligibility,
     Exclusion,
+    FreeCapacity,
+    NodeResourcesFree,
     PlacementAnswer,
     place,
     screen_nodes,
@@ -32,6 +36,7 @@ from exporter.cluster.elastic.scaling import ElasticBook, JobState
 from exporter.cluster.ledger import SAME_PREEMPTION_WINDOW_S, PreemptionLedger
 from exporter.cluster.objects import (
     GPU_RESOURCE,
+    PODS_RESOURCE,
     ClusterQueue,
     Cohort,
     KueueTopology,
@@ -45,7 +50,7 @@ from exporter.cluster.objects import (
     team_of,
 )
 from exporter.cluster.parse.core import parse_event, parse_node, parse_pod
-from exporter.cluster.parse.hyperpod import parse_hyperpod_job
+from exporter.cluster.parse.hyperpod import admission_evidence, parse_hyperpod_job
 from exporter.cluster.parse.kueue import (
     parse_cluster_queue,
     parse_cohort,
@@ -67,6 +72,8 @@ from exporter.topology.tree import Placement, TopologyTree
 log = logging.getLogger(__name__)
 
 WorkloadKey = tuple[str, str]
+UNKNOWN_TOPOLOGY = "\0unknown"  # the Topology of a flavor a dump does not describe
+_EMPTY_USAGE: Mapping[str, int] = {}
 
 KINDS = (
     "Node",
@@ -163,10 +170,19 @@ class ClusterModel:
         self._queues_epoch = 0  # ClusterQueues, Cohorts, ResourceFlavors
         self.reservations = ReservationBook(RELEASE_MEMORY_S)
         self._quota_cache: tuple[tuple[int, int], QuotaTree] | None = None
-        self._eligibility_cache: dict[str, tuple[tuple[int, int], Eligibility]] = {}
+        # Eligibility per (flavor, the pod set's tolerations, nodeSelector and affinity).
+        self._eligibility_cache: dict[tuple[str, Any], tuple[tuple[int, int], Eligibility]] = {}
         self._quota_problems_seen: set[tuple[str, str, str]] = set()
-        self._placement_cache: dict[tuple[str, Any, int, int], PlacementAnswer] = {}
-        self._placement_stamp: tuple[int, int, int] | None = None
+        self._placement_cache: dict[tuple[Any, ...], PlacementAnswer] = {}
+        self._placement_stamp: tuple[int, int, int, int] | None = None
+        # Flavor assignments per (queue, workload shape), for the quota tree they were made on.
+        self._assignment_cache: dict[tuple[Any, ...], QuotaAssignment] = {}
+        self._gpu_answers: dict[tuple[str, str], Answer] = {}  # (queue, flavor), same tree
+        self._assignment_tree: QuotaTree | None = None
+        # What bound pods request on each node, every resource and "pods" (their count):
+        # allocatable minus this is a node's free capacity for Kueue's TAS.
+        self._node_used: dict[str, dict[str, int]] = {}
+        self._usage_epoch = 0
         # Ledgers, judges and counts preemptions; reads this model, writes only the ledger.
         self._judge = PreemptionJudge(self, self.ledger, self._problem, enabled=judge_preemptions)
         # Only preemptions seen happening are counted (observed_live): when the model first
@@ -218,6 +234,12 @@ class ClusterModel:
     def preemption_counts(self) -> Counter[tuple[str, str, str, str]]:
         """Live preemptions by (victim ClusterQueue, preemptor ClusterQueue, reason, verdict)."""
         return self._judge.counts
+
+    @property
+    def quota_preemption_counts(self) -> Counter[tuple[str, str, str, str]]:
+        """Live quota-driven preemptions by (victim ClusterQueue, preemptor ClusterQueue,
+        reason, the resource whose quota was short; "" when not known)."""
+        return self._judge.resource_counts
 
     # --- ingestion ------------------------------------------------------------------------
 
@@ -405,6 +427,8 @@ class ClusterModel:
             if old.holds_gpus:
                 self.tree.add_used(old.node, -old.gpus)
                 touched.add(old.node)
+            if old.bound:
+                self._use_node(old, -1)
             self._ungroup(old)
         pod = parse_pod(obj) if event_type != "DELETED" else None
         if pod is not None:
@@ -412,6 +436,8 @@ class ClusterModel:
             if pod.holds_gpus:
                 self.tree.add_used(pod.node, pod.gpus)
                 touched.add(pod.node)
+            if pod.bound:
+                self._use_node(pod, 1)
             self._group(pod)
         elif old is not None and old.holds_gpus:
             self._judge.pod_released(old, now)
@@ -421,6 +447,27 @@ class ClusterModel:
             self._elastic_pods(pod.owner_uid, now)
         if old is not None and (pod is None or old.owner_uid != pod.owner_uid):
             self._elastic_pods(old.owner_uid, now)
+
+    def _use_node(self, pod: Pod, sign: int) -> None:
+        """Count a bound pod's requests (and itself, as one of the node's pods) on its node.
+        GPUs are the topology tree's to count (`NodeResourcesFree` reads them there)."""
+        used = self._node_used.get(pod.node)
+        if used is None:
+            used = self._node_used[pod.node] = {PODS_RESOURCE: 0}
+        used[PODS_RESOURCE] += sign
+        for name, amount in pod.requests:
+            if name != GPU_RESOURCE:
+                used[name] = used.get(name, 0) + sign * amount
+        self._usage_epoch += 1
+
+    def node_requested(self, node: str) -> Mapping[str, int]:
+        """What the bound pods on `node` request, every resource, and how many they are."""
+        return self._node_used.get(node, _EMPTY_USAGE)
+
+    def resources_free(self, gpus: FreeCapacity | None = None) -> NodeResourcesFree:
+        """Every resource free per node (allocatable minus what bound pods request), GPUs
+        from `gpus` (the topology tree by default): Kueue's TAS capacity."""
+        return NodeResourcesFree(gpus or self.tree, self.nodes, self.node_requested)
 
     def _apply_workload(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         key = (_namespace(obj), _name(obj))
@@ -452,7 +499,7 @@ class ClusterModel:
         self._observe_admission(state)
         self._judge.on_workload(old, workload, now)
         self._idle_demand(workload, now)
-        self._elastic_workload(old, workload, now)
+        self._elastic_workload(old, workload, now, obj)
         if (
             self.on_workload_ended is not None
             and workload.is_true("Finished")
@@ -569,7 +616,13 @@ class ClusterModel:
         flavor = idle.demand_flavor(workload, flavors)
         self.idle.set_demand(workload.key, flavor, cause, workload.gpus_requested, now)
 
-    def _elastic_workload(self, old: Workload | None, new: Workload | None, now: float) -> None:
+    def _elastic_workload(
+        self,
+        old: Workload | None,
+        new: Workload | None,
+        now: float,
+        obj: Mapping[str, Any] | None = None,
+    ) -> None:
         current = new if new is not None else old
         if current is None:
             return
@@ -582,7 +635,13 @@ class ClusterModel:
                 if resource == GPU_RESOURCE:
                     flavor = name
         job = self.elastic.on_workload(
-            old, new, self.cluster_queue_of(current), flavor, now, self.observed_live(time)
+            old,
+            new,
+            self.cluster_queue_of(current),
+            flavor,
+            now,
+            self.observed_live(time),
+            _evidence(obj),
         )
         if job is not None:
             self._elastic_accounting(job, now)
@@ -591,18 +650,18 @@ class ClusterModel:
         job = self.elastic.by_uid(owner_uid) if owner_uid else None
         if job is None:
             return
-        bound = ready = 0
-        ready_at = 0.0
+        bound = 0
+        ready: list[float] = []
         for key in self._pods_by_group.get(owner_uid, ()):
             pod = self.pods.get(key)
             if pod is None or not pod.holds_gpus or pod.gated:
                 continue
             bound += 1
             if pod.ready_since is not None:
-                ready += 1
-                ready_at = max(ready_at, pod.ready_since)
-        if (bound, ready) != (job.bound, job.ready):
-            self.elastic.on_pods(job, bound, ready, ready_at, now)
+                ready.append(pod.ready_since)
+        ready.sort()
+        if bound != job.bound or tuple(ready) != job.ready_times:
+            self.elastic.on_pods(job, bound, tuple(ready), now, self.observed_live(now))
             self._elastic_accounting(job, now)
 
     def _elastic_accounting(self, job: JobState, now: float) -> None:
@@ -751,16 +810,32 @@ class ClusterModel:
         return groups
 
     def pods_of(self, workload: Workload) -> list[Pod]:
+        """The Workload's pods: by its key, its owner's UID and its job-uid label, less those
+        whose `kueue.x-k8s.io/workload` annotation names another live Workload (the Workloads of
+        an elastic HyperPodPyTorchJob share one owner, reference 1.4). A Kueue elastic slice
+        that finished (replaced: WorkloadSliceReplaced) owns none: its quota and its running
+        pods passed to the slice that replaced it (reference 1.6)."""
+        if (workload.elastic or workload.slice_name) and workload.is_true("Finished"):
+            return []
         keys: set[tuple[str, str]] = set()
         for group in self.workload_groups(workload):
             keys.update(self._pods_by_group.get(group, ()))
         pods = [self.pods[k] for k in keys if k in self.pods]
-        return [p for p in pods if p.namespace == workload.namespace]
+        return [
+            p for p in pods if p.namespace == workload.namespace and self._pod_is_of(p, workload)
+        ]
+
+    def _pod_is_of(self, pod: Pod, workload: Workload) -> bool:
+        if not pod.workload or pod.workload == workload.name:
+            return True
+        named = self.workloads.get((pod.namespace, pod.workload))
+        return named is None or named.workload.is_true("Finished")
 
     def locality_of(self, state: WorkloadState) -> Locality:
         workload = state.workload
         stamp = (
             self._labels_epoch,
+            workload.is_true("Finished"),  # a finished slice's pods are no longer its own
             *(self._group_epoch.get(g, 0) for g in self.workload_groups(workload)),
         )
         cached = state.locality_cache
@@ -829,61 +904,130 @@ class ClusterModel:
                 self._problem(key[0] if key[0] != "usage" else "Workload", key[2], detail)
         self._quota_problems_seen = set(current)
 
-    def quota_for(self, workload: Workload, tree: QuotaTree) -> tuple[str, Answer | None]:
-        """The GPU flavor the workload would use and what its queue can still admit there.
-
-        An admitted workload's flavor is its assignment's. Otherwise Kueue's flavor assigner
-        tries the ClusterQueue's flavors in order and takes the first whose quota fits
-        (flavorassigner.go, FlavorFungibility whenCanBorrow: Borrow by default), so the first
-        flavor that fits is answered, else the one with the most room."""
-        queue = self.cluster_queue_of(workload)
-        cq = self.cluster_queues.get(queue)
-        if cq is None:
-            return "", None
-        assigned = [f for p in workload.placements for r, f in p.flavors if r == GPU_RESOURCE]
-        flavors = assigned[:1] or [q.flavor for q in cq.gpu_quotas]
-        if not flavors:
-            return "", tree.available(queue, "", GPU_RESOURCE)
-        needed = workload.gpus_requested
-        best: tuple[str, Answer] | None = None
-        for flavor in flavors:
-            answer = tree.available(queue, flavor, GPU_RESOURCE)
-            amount = answer.amount
-            if amount is None:
-                return flavor, answer
-            unseen = []
-            if cq.cohort and "Cohort" in self.missing_kinds:
-                unseen.append(f"Cohort objects, whose quota above {cq.cohort!r} or cycle")
-            if "ResourceFlavor" in self.missing_kinds:
-                unseen.append("ResourceFlavor objects, whose absence for a named flavor")
-            if unseen:
-                answer = Answer(
-                    amount,
-                    f"{answer.reason} (as far as the dump shows: it holds no"
-                    f" {' and no '.join(unseen)} would change this)",
-                    answer.cause,
-                )
-            if amount >= needed:
-                return flavor, answer
-            if best is None or (best[1].amount or 0) < amount:
-                best = (flavor, answer)
-        assert best is not None
-        return best
-
-    def eligibility(self, flavor: str) -> Eligibility:
-        """The nodes `flavor` selects that a pod may use now (and why the others not). A flavor
-        no ResourceFlavor describes (a dump lists none) selects every node."""
-        cached = self._eligibility_cache.get(flavor)
-        stamp = (self._nodes_epoch, self._queues_epoch)
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
+    def flavor_spec(self, flavor: str) -> ResourceFlavor | None:
+        """The ResourceFlavor `flavor`; in a dump that lists none, the one HyperPod's naming
+        implies (`_flavor_by_instance_type`), else None (unknown: every node)."""
         spec = self.flavors.get(flavor)
         if spec is None and flavor and "ResourceFlavor" in self.missing_kinds:
             spec = _flavor_by_instance_type(flavor, self.nodes.values())
+        return spec
+
+    def assignment(self, workload: Workload, tree: QuotaTree) -> QuotaAssignment | None:
+        """Kueue's flavor assignment for the workload on `tree`'s quota, resource by resource
+        (`exporter.cluster.capacity.flavors.assign`): an admitted workload keeps its
+        admission's flavors, a pending one gets the flavors Kueue's flavor assigner would try,
+        in order, passing over those its pods cannot use. None when its ClusterQueue is not
+        known. Workloads of one shape in one queue share the answer while the tree stands."""
+        queue = self.cluster_queue_of(workload)
+        cq = self.cluster_queues.get(queue)
+        if cq is None:
+            return None
+        if self._assignment_tree is not tree:
+            self._assignment_cache.clear()
+            self._gpu_answers.clear()
+            self._assignment_tree = tree
+        key = (
+            queue,
+            tuple(
+                (p.name, p.count, p.per_pod, p.constraints, p.topology.mode)
+                for p in workload.pod_sets
+            ),
+            tuple((p.name, p.flavors) for p in workload.placements),
+        )
+        found = self._assignment_cache.get(key)
+        if found is None:
+            found = flavor_assigner.assign(workload, cq, tree, self._known_flavor)
+            if len(self._assignment_cache) < 4096:
+                self._assignment_cache[key] = found
+        return found
+
+    def _known_flavor(self, flavor: str) -> ResourceFlavor | None:
+        return self.flavor_spec(flavor)
+
+    def quota_for(self, workload: Workload, tree: QuotaTree) -> tuple[str, Answer | None]:
+        """The GPU flavor the workload would use and what its queue can still admit there.
+
+        The flavor is Kueue's flavor assigner's (`assignment`): an admitted workload's is its
+        assignment's; otherwise the first of the ClusterQueue's flavors its pods may use whose
+        quota fits every resource it requests, else the most preferred that does not
+        (flavorassigner.go: a flavor whose nodeLabels its nodeSelector rules out is never
+        tried). A workload without GPUs answers for its first resource group's flavor."""
+        flavor, answer, _ = self.quota_of(workload, tree)
+        return flavor, answer
+
+    def quota_of(
+        self, workload: Workload, tree: QuotaTree
+    ) -> tuple[str, Answer | None, QuotaAssignment | None]:
+        """`quota_for` and the whole `assignment`, worked out once."""
+        queue = self.cluster_queue_of(workload)
+        cq = self.cluster_queues.get(queue)
+        if cq is None:
+            return "", None, None
+        found = self.assignment(workload, tree)
+        flavor = found.flavor_for(GPU_RESOURCE) if found is not None else ""
+        if not flavor and found is not None and found.groups:
+            chosen = found.groups[0].chosen
+            flavor = chosen.flavor if chosen is not None else ""
+        if not flavor:
+            flavors = [q.flavor for q in cq.gpu_quotas]
+            flavor = flavors[0] if flavors else ""
+        if self._assignment_tree is not tree:
+            self._assignment_cache.clear()
+            self._gpu_answers.clear()
+            self._assignment_tree = tree
+        key = (queue, flavor)
+        answer = self._gpu_answers.get(key)
+        if answer is None:
+            answer = self._dump_caveat(cq, tree.available(queue, flavor, GPU_RESOURCE))
+            self._gpu_answers[key] = answer
+        return flavor, answer, found
+
+    def _dump_caveat(self, cq: ClusterQueue, answer: Answer) -> Answer:
+        """An answer from a dump, saying which kinds it did not hold would change it."""
+        if answer.amount is None:
+            return answer
+        unseen = []
+        if cq.cohort and "Cohort" in self.missing_kinds:
+            unseen.append(f"Cohort objects, whose quota above {cq.cohort!r} or cycle")
+        if "ResourceFlavor" in self.missing_kinds:
+            unseen.append("ResourceFlavor objects, whose absence for a named flavor")
+        if not unseen:
+            return answer
+        return Answer(
+            answer.amount,
+            f"{answer.reason} (as far as the dump shows: it holds no"
+            f" {' and no '.join(unseen)} would change this)",
+            answer.cause,
+        )
+
+    def eligibility(self, flavor: str, pod_set: PodSetRequest | None = None) -> Eligibility:
+        """The nodes `flavor` selects that a pod of `pod_set` may use now (and why the others
+        not): the pod set's tolerations, nodeSelector and required node affinity count, as
+        Kueue's TAS counts them (`screen_nodes`). A flavor no ResourceFlavor describes (a dump
+        lists none) selects every node. Kept per (flavor, those constraints)."""
+        constraints = pod_set.constraints if pod_set is not None else None
+        key = (flavor, constraints)
+        cached = self._eligibility_cache.get(key)
+        stamp = (self._nodes_epoch, self._queues_epoch)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        spec = self.flavor_spec(flavor)
         topology = self.topologies.get(spec.topology_name) if spec is not None else None
         levels = topology.levels if topology is not None else ()
-        value = screen_nodes(spec, self.nodes, topology_levels=levels)
-        self._eligibility_cache[flavor] = (stamp, value)
+        if pod_set is None:
+            value = screen_nodes(spec, self.nodes, topology_levels=levels)
+        else:
+            value = screen_nodes(
+                spec,
+                self.nodes,
+                dict(pod_set.node_selector),
+                pod_set.tolerations,
+                levels,
+                pod_set.affinity,
+            )
+        if len(self._eligibility_cache) > 1024:
+            self._eligibility_cache.clear()
+        self._eligibility_cache[key] = (stamp, value)
         return value
 
     # --- questions ------------------------------------------------------------------------
@@ -898,36 +1042,55 @@ class ClusterModel:
     def pending_cause(self, workload: Workload) -> PendingCause | None:
         if not is_pending(workload):
             return None
-        flavor, quota = self.quota_for(workload, self.quota_tree())
+        tree = self.quota_tree()
+        flavor, quota, assigned = self.quota_of(workload, tree)
         pod_set = _topology_pod_set(workload)
-        answer = self._placement(flavor, pod_set) if pod_set is not None else None
-        note = ""
+        answer = None
+        if pod_set is not None and (
+            assigned is None or assigned.fits or assigned.limit == "unknown"
+        ):
+            # Kueue tries placement only once quota fits (flavorassigner.go assignFlavors)
+            answer = self._placement(flavor, pod_set)
+        note = nodes_note = ""
+        node_problems: tuple[str, ...] = ()
         if pod_set is not None and answer is not None and not answer.placeable:
             note = self._unavailable_note(flavor, pod_set)
-        return analysis.pending_cause(workload, quota, answer, unavailable_note=note)
+            eligibility = self.eligibility(flavor, pod_set)
+            nodes_note, node_problems = eligibility.summary, eligibility.problems
+        return analysis.pending_cause(
+            workload,
+            quota,
+            answer,
+            unavailable_note=note,
+            assignment=assigned,
+            flavor=flavor,
+            nodes_note=nodes_note,
+            node_problems=node_problems,
+        )
 
     def _unavailable_note(self, flavor: str, pod_set: PodSetRequest) -> str:
         """Why nodes the flavor selects are unavailable, when that is what blocks the pod set:
         "blocked because 3 nodes of nn-a are in a deep health check (a1, a2, a3)" when Kueue's
         TAS would place it with those nodes back, "also unavailable: ..." otherwise."""
-        eligibility = self.eligibility(flavor)
+        eligibility = self.eligibility(flavor, pod_set)
         out = [e for e in eligibility.excluded if e.cause in UNAVAILABLE_CAUSES]
         if not out:
             return ""
         names = frozenset(e.node for e in out)
         # "\0" cannot start a flavor name: these answers share the cache, not its keys.
-        key = (f"\0back:{flavor}", pod_set.topology, pod_set.count, pod_set.gpus_per_pod)
+        key = (f"\0back:{flavor}", *_shape_key(pod_set))
         back = self._placement_cache.get(key)  # the cache is cleared when the tree changes
         if back is None:
-            spec = self.flavors.get(flavor)
+            spec = self.flavor_spec(flavor)
             topology = self.topologies.get(spec.topology_name) if spec is not None else None
             back = place(
-                _AvailableAgain(self.tree, self.nodes, names),
+                self.resources_free(_AvailableAgain(self.tree, self.nodes, names)),
                 eligibility.nodes | names,
                 pod_set.topology,
                 pod_set.count,
                 pod_set.gpus_per_pod,
                 levels=topology.levels if topology is not None else None,
+                requests=pod_set.per_pod,
             )
             self._placement_cache[key] = back
         if back.placeable and back.domains:
@@ -946,27 +1109,43 @@ class ClusterModel:
         return None if place_of is None else place_of.domain_at(level)
 
     def _placement(self, flavor: str, pod_set: PodSetRequest) -> PlacementAnswer:
-        """Where Kueue's TAS could place the pod set now. Many pending workloads share a few
-        shapes: answers are kept per (flavor, shape) until the tree or the nodes change."""
-        stamp = (self.tree.version, self._nodes_epoch, self._queues_epoch)
+        """Where Kueue's TAS could place the pod set now: on the nodes its flavor selects and
+        its pods may use, counting every resource a pod requests against what each node has
+        left. Many pending workloads share a few shapes: answers are kept per (flavor, shape)
+        until the tree, the nodes or what their pods request change."""
+        stamp = (self.tree.version, self._nodes_epoch, self._queues_epoch, self._usage_epoch)
         if self._placement_stamp != stamp:
             self._placement_cache.clear()
             self._placement_stamp = stamp
-        key = (flavor, pod_set.topology, pod_set.count, pod_set.gpus_per_pod)
+        key = (flavor, *_shape_key(pod_set))
         answer = self._placement_cache.get(key)
         if answer is None:
-            spec = self.flavors.get(flavor)
+            spec = self.flavor_spec(flavor)
             topology = self.topologies.get(spec.topology_name) if spec is not None else None
             answer = place(
-                self.tree,
-                self.eligibility(flavor).nodes,
+                self.resources_free(),
+                self.eligibility(flavor, pod_set).nodes,
                 pod_set.topology,
                 pod_set.count,
                 pod_set.gpus_per_pod,
                 levels=topology.levels if topology is not None else None,
+                requests=pod_set.per_pod,
             )
             self._placement_cache[key] = answer
         return answer
+
+    def preferred_would_place(self, workload: Workload, flavor: str) -> bool:
+        """Whether a preferred request at the level the workload requires could place its
+        pods now on its flavor's nodes (`place`: the level, each level up, then spread; every
+        resource counted): only then would relaxing required to preferred start it."""
+        pod_set = next(
+            (p for p in workload.pod_sets if p.topology.mode == "required" and p.topology.level),
+            None,
+        )
+        if pod_set is None:
+            return False
+        relaxed = replace(pod_set, topology=replace(pod_set.topology, mode="preferred"))
+        return self._placement(flavor, relaxed).placeable
 
     def pending(self) -> list[tuple[Workload, PendingCause]]:
         out = []
@@ -1028,10 +1207,21 @@ def _namespace(obj: Mapping[str, Any]) -> str:
     return ns if isinstance(ns, str) else ""
 
 
+def _evidence(obj: Mapping[str, Any] | None) -> tuple[int | None, int | None] | None:
+    """What a Workload's status keeps of its past admissions, for its elastic job."""
+    found = admission_evidence(obj) if obj is not None else None
+    return None if found is None else (found.admitted_s, found.evictions)
+
+
 def _stub(key: Any) -> dict[str, Any]:
     if isinstance(key, tuple):
         return {"metadata": {"namespace": key[0], "name": key[1]}}
     return {"metadata": {"name": key}}
+
+
+def _shape_key(pod_set: PodSetRequest) -> tuple[Any, ...]:
+    """What a placement answer depends on besides the flavor and the cluster."""
+    return (pod_set.topology, pod_set.count, pod_set.per_pod, pod_set.constraints)
 
 
 def _topology_pod_set(workload: Workload) -> PodSetRequest | None:
@@ -1096,7 +1286,9 @@ def _flavor_by_instance_type(flavor: str, nodes: Iterable[Node]) -> ResourceFlav
     Any other name stays unknown (None: every node)."""
     if not any(node.label(INSTANCE_TYPE_KEY) == flavor for node in nodes):
         return None
-    return ResourceFlavor(flavor, ((INSTANCE_TYPE_KEY, flavor),), "")
+    # Its Topology is unknown too: a name no Topology has, so none is taken for it (and the
+    # flavor assigner does not take it for a flavor without TAS).
+    return ResourceFlavor(flavor, ((INSTANCE_TYPE_KEY, flavor),), UNKNOWN_TOPOLOGY)
 
 
 def _iso(seconds: float) -> str:

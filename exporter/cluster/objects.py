@@ -11,6 +11,21 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 GPU_RESOURCE = "nvidia.com/gpu"
+PODS_RESOURCE = "pods"  # the node's pod limit; Kueue counts one per pod (resources.OnePodRequest)
+
+# Amounts per resource in Kueue's integer units (pkg/resources AmountFromQuantity, as
+# `exporter.cluster.parse.core.quota_amount` reads them): millicores for cpu, whole units
+# rounded up for everything else (bytes of memory, GPUs). Sorted by resource name.
+Resources = tuple[tuple[str, int], ...]
+
+
+def amount_of(resources: Resources, resource: str) -> int:
+    """One resource's amount, 0 when absent."""
+    for name, amount in resources:
+        if name == resource:
+            return amount
+    return 0
+
 
 HYPERPOD_QUEUE_PREFIX = "hyperpod-ns-"
 HYPERPOD_QUEUE_SUFFIX = "-clusterqueue"
@@ -48,11 +63,49 @@ class TopologyRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeSelectorRequirement:
+    """One matchExpressions (or matchFields) entry of a core/v1 NodeSelectorTerm."""
+
+    key: str
+    operator: str  # In | NotIn | Exists | DoesNotExist | Gt | Lt
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorTerm:
+    """A term of requiredDuringSchedulingIgnoredDuringExecution: every expression must hold
+    (ANDed); the terms of a pod's required node affinity are ORed."""
+
+    expressions: tuple[NodeSelectorRequirement, ...] = ()
+    fields: tuple[NodeSelectorRequirement, ...] = ()  # matchFields: only metadata.name exists
+
+
+@dataclass(frozen=True, slots=True)
 class PodSetRequest:
+    """One pod set: `count` pods, each requesting `requests` (every resource, Kueue's units;
+    `gpus_per_pod` is its nvidia.com/gpu entry), with the scheduling constraints of its pod
+    template that decide which nodes its pods may use."""
+
     name: str
     count: int
     gpus_per_pod: int
     topology: TopologyRequest
+    requests: Resources = ()  # per pod; when empty, {nvidia.com/gpu: gpus_per_pod} stands in
+    tolerations: tuple[Toleration, ...] = ()
+    node_selector: tuple[tuple[str, str], ...] = ()  # sorted
+    affinity: tuple[NodeSelectorTerm, ...] = ()  # required node affinity, () when none
+
+    @property
+    def per_pod(self) -> Resources:
+        """What one pod requests, every resource (GPUs only for a hand-built pod set)."""
+        if self.requests:
+            return self.requests
+        return ((GPU_RESOURCE, self.gpus_per_pod),) if self.gpus_per_pod > 0 else ()
+
+    @property
+    def constraints(self) -> tuple[object, ...]:
+        """What decides the nodes its pods may use, beyond the flavor: a cache key."""
+        return (self.tolerations, self.node_selector, self.affinity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +125,8 @@ class PodSetPlacement:
     flavors: tuple[tuple[str, str], ...]  # (resource, flavor)
     levels: tuple[str, ...]
     domains: tuple[DomainAssignment, ...]
+    # status.admission.podSetAssignments[].resourceUsage: what the pod set charges, in all
+    usage: Resources = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +163,16 @@ class Workload:
     @property
     def gpus_requested(self) -> int:
         return sum(p.count * p.gpus_per_pod for p in self.pod_sets)
+
+    @property
+    def total_requests(self) -> Resources:
+        """Every resource the workload requests in all, pod count times per-pod request
+        (what Kueue's flavor assigner charges against quota, workload.go TotalRequests)."""
+        totals: dict[str, int] = {}
+        for pod_set in self.pod_sets:
+            for name, amount in pod_set.per_pod:
+                totals[name] = totals.get(name, 0) + amount * pod_set.count
+        return tuple(sorted(totals.items()))
 
     def condition(self, type_: str) -> Condition | None:
         for cond in self.conditions:
@@ -160,6 +225,15 @@ class ResourceQuota:
 
 
 @dataclass(frozen=True, slots=True)
+class ResourceGroup:
+    """One entry of spec.resourceGroups: the resources it covers and its flavors, in the
+    order Kueue's flavor assigner tries them."""
+
+    covered: tuple[str, ...]
+    flavors: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterQueue:
     name: str
     cohort: str
@@ -180,6 +254,10 @@ class ClusterQueue:
     # status.flavorsReservation as (flavor, resource, total): the quota Kueue holds for the
     # workloads with a reservation (status.flavorsUsage counts the admitted ones only).
     reservation: tuple[tuple[str, str, int], ...] = ()
+    # spec.resourceGroups: which resources share a flavor choice, flavors in order
+    resource_groups: tuple[ResourceGroup, ...] = ()
+    # spec.flavorFungibility (whenCanBorrow, whenCanPreempt); "" where unset (Kueue's defaults)
+    flavor_fungibility: tuple[str, str] = ("", "")
 
     @property
     def nominal(self) -> int:
@@ -297,6 +375,8 @@ class Node:
     # annotation was there and readable: only then does no finding mean the agent saw none.
     efa_findings: tuple[EfaFinding, ...] = ()
     findings_read: bool = False
+    # status.allocatable, every resource in Kueue's units (`allocatable_gpus` is its GPUs)
+    allocatable: Resources = ()
 
     @property
     def unavailable(self) -> Literal["", "deep-health-check", "scheduled-event"]:
@@ -336,10 +416,18 @@ class Pod:
     owner_uid: str
     ready_since: float | None = None  # Ready condition True since (None: not Ready)
     gated: bool = False  # spec.schedulingGates not empty: the scheduler may not bind it yet
+    # What the scheduler counts on its node: every resource, Kueue's units (`gpus` is its GPUs)
+    requests: Resources = ()
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
+
+    @property
+    def bound(self) -> bool:
+        """On a node and not terminated: its requests count against the node's allocatable
+        (the scheduler's and Kueue's non-TAS usage both skip terminated pods)."""
+        return bool(self.node) and self.phase not in ("Succeeded", "Failed")
 
     @property
     def holds_gpus(self) -> bool:

@@ -6,10 +6,12 @@ carry Kueue's preemption message, which names the preemptor by UID (and JobUID, 
 its queue path). For each copy the judge pairs victim and preemptor, records the pair in the
 `PreemptionLedger` (which merges the copies), and decides the verdict:
 
-- "quota": the preemptor's ClusterQueue could not reserve the GPUs it needed, or it asked for
-  no topology, so only quota could block it;
-- "topology": its queue had the quota, but no domain of its required topology level held its
-  pods, on the nodes its flavor selects;
+- "quota": the preemptor's ClusterQueue could not reserve some resource it needed (GPUs,
+  cpu, memory, ...: Kueue checks each, flavorassigner.go `fitsResourceQuota`), named in the
+  record with its flavor, or it asked for no topology, so only quota could block it;
+- "topology": its queue had the quota for every resource, but no domain of its required
+  topology level held its pods, on the nodes its flavor selects and its pods may use (their
+  tolerations, nodeSelector and required affinity; every requested resource counted);
 - "unknown": anything else, with the reason (the preemptor not seen, the preemption older
   than `VERDICT_FRESHNESS_S`, the informers' first lists not all in, a model built from a dump).
 
@@ -19,10 +21,12 @@ hold preempts to make room there, tas_flavor_snapshot.go `FindTopologyAssignment
 with preemption), written in `analysis.preemption_verdict`. The judge reconstructs what Kueue
 saw when it chose: quota from the model's own accounting of reservations at the preemption's
 time (clusterqueue.go `updateWorkloadUsage`: victims still holding theirs, the preemptor not
-yet; `exporter.cluster.reservations`), free GPUs from the pods then (the victims' pods already
-deleted still held theirs, the preemptor's pods already bound had not taken theirs), both on
-the flavor Kueue's flavor assigner would pick (`ClusterModel.quota_for`). No ClusterQueue
-status is read, so the same events in any order give the same verdict.
+yet; `exporter.cluster.reservations`), free capacity from the pods then (the victims' pods
+already deleted still held theirs, the preemptor's pods already bound had not taken theirs),
+both in the preemptor's own world: the flavors of its admission, else those Kueue's flavor
+assigner would try for it (`ClusterModel.assignment`: never a flavor its nodeSelector rules
+out), and only the domains its pods could use there. No ClusterQueue status is read, so the
+same events in any order give the same verdict.
 
 It also keeps `topowatch_preemptions_total`'s counts: a preemption is counted once, when it is
 live (`ClusterModel.observed_live`) and its preemptor's labels are settled, so a counter never
@@ -41,10 +45,26 @@ from dataclasses import replace
 from typing import Protocol
 
 from exporter.cluster import analysis
-from exporter.cluster.capacity.placement import Eligibility, Fit, FreeCapacity, fit
+from exporter.cluster.capacity.flavors import QuotaAssignment
+from exporter.cluster.capacity.placement import (
+    Eligibility,
+    Fit,
+    FreeCapacity,
+    NodeResourcesFree,
+    fit,
+)
 from exporter.cluster.capacity.quota import Answer, QuotaTree
 from exporter.cluster.ledger import PreemptionLedger, PreemptionRecord, Verdict
-from exporter.cluster.objects import KubeEvent, Node, Pod, PodSetRequest, Workload
+from exporter.cluster.objects import (
+    GPU_RESOURCE,
+    PODS_RESOURCE,
+    KubeEvent,
+    Node,
+    Pod,
+    PodSetRequest,
+    Resources,
+    Workload,
+)
 from exporter.cluster.parse.kueue import parse_preemption_message, reason_for_cause
 from exporter.topology.tree import Placement, TopologyTree, level_of_label_key
 
@@ -105,7 +125,11 @@ class ClusterView(Protocol):
 
     def quota_for(self, workload: Workload, tree: QuotaTree) -> tuple[str, Answer | None]: ...
 
-    def eligibility(self, flavor: str) -> Eligibility: ...
+    def assignment(self, workload: Workload, tree: QuotaTree) -> QuotaAssignment | None: ...
+
+    def eligibility(self, flavor: str, pod_set: PodSetRequest | None = None) -> Eligibility: ...
+
+    def node_requested(self, node: str) -> Mapping[str, int]: ...
 
 
 class PreemptionJudge:
@@ -128,9 +152,12 @@ class PreemptionJudge:
         self._report = report
         self.enabled = enabled
         self.counts: Counter[CountKey] = Counter()
+        # The quota-driven ones again, by the resource whose quota was short (victim queue,
+        # preemptor queue, reason, resource): counted with `counts`, never on their own.
+        self.resource_counts: Counter[CountKey] = Counter()
         # Pods that gave back GPUs lately, by group: a preemption verdict must judge the
         # capacity Kueue saw, and the victims' pods may be gone before their condition arrives.
-        self._released: dict[object, list[tuple[str, int, float]]] = {}
+        self._released: dict[object, list[tuple[str, int, float, Resources]]] = {}
         self._released_order: deque[tuple[float, object]] = deque()
         # Ledger entries whose preemptor is not known yet, by preemptor UID: counted once it is.
         self._awaiting: dict[str, set[int]] = {}
@@ -166,9 +193,10 @@ class PreemptionJudge:
         return None
 
     def pod_released(self, pod: Pod, now: float) -> None:
-        """A pod that held GPUs is gone: remember where, for verdicts on the moment before."""
+        """A pod that held GPUs is gone: remember where and what it requested, for verdicts
+        on the moment before."""
         for group in self._cluster.pod_groups(pod):
-            self._released.setdefault(group, []).append((pod.node, pod.gpus, now))
+            self._released.setdefault(group, []).append((pod.node, pod.gpus, now, pod.requests))
             self._released_order.append((now, group))
         while self._released_order and now - self._released_order[0][0] > RELEASE_MEMORY_S:
             _, group = self._released_order.popleft()
@@ -195,8 +223,10 @@ class PreemptionJudge:
                 continue
             victim = self._workload((known.victim_namespace, known.victim_name))
             preemptor = self._cluster.find_workload(known.preemptor_uid, known.preemptor_job_uid)
-            verdict, detail = self._verdict(preemptor, victim, known.time, now)
-            judged = replace(known, verdict=verdict, verdict_detail=detail)
+            verdict, detail, short = self._verdict(preemptor, victim, known.time, now)
+            judged = replace(
+                known, verdict=verdict, verdict_detail=detail, resource=short[0], flavor=short[1]
+            )
             self.ledger.update(rid, judged)
             if judged.observed == "live" and rid not in self._uncounted_ids(known.preemptor_uid):
                 self._count(judged)
@@ -264,7 +294,7 @@ class PreemptionJudge:
         reason = reason_hint if reason_hint.startswith("In") else ""
         if not reason and note is not None:
             reason = reason_for_cause(note.cause)
-        verdict, detail = self._verdict(preemptor, victim, time, now)
+        verdict, detail, short = self._verdict(preemptor, victim, time, now)
         return PreemptionRecord(
             time=time,
             victim_namespace=victim_key[0],
@@ -288,6 +318,8 @@ class PreemptionJudge:
             verdict_detail=detail,
             message=message,
             source=source,
+            resource=short[0],
+            flavor=short[1],
         )
 
     def _record(self, record: PreemptionRecord, now: float) -> bool:
@@ -338,6 +370,9 @@ class PreemptionJudge:
             record.verdict,
         )
         self.counts[key] += 1
+        if record.verdict == "quota":
+            by_resource = (*key[:3], record.resource)
+            self.resource_counts[by_resource] += 1
 
     def _settle_awaiting(self, preemptor: Workload, now: float) -> None:
         """The preemptor of earlier-seen victims arrived: name it, judge, count the live ones."""
@@ -348,8 +383,9 @@ class PreemptionJudge:
                 continue
             victim = self._workload((known.victim_namespace, known.victim_name))
             verdict, detail = known.verdict, known.verdict_detail
+            short = (known.resource, known.flavor)
             if now - known.time <= VERDICT_FRESHNESS_S:
-                verdict, detail = self._verdict(preemptor, victim, known.time, now)
+                verdict, detail, short = self._verdict(preemptor, victim, known.time, now)
             settled = replace(
                 known,
                 preemptor_namespace=preemptor.namespace,
@@ -359,6 +395,8 @@ class PreemptionJudge:
                 preemptor_priority=preemptor.priority,
                 verdict=verdict,
                 verdict_detail=detail,
+                resource=short[0],
+                flavor=short[1],
             )
             self.ledger.update(rid, settled)
             if settled.verdict_detail == AWAITING_LISTS:
@@ -385,28 +423,38 @@ class PreemptionJudge:
 
     def _verdict(
         self, preemptor: Workload | None, victim: Workload | None, time: float, now: float
-    ) -> tuple[Verdict, str]:
-        """Judged against the cluster at the preemption's `time`: quota from the model's own
-        accounting of reservations then (victims still holding theirs, the preemptor not yet),
-        capacity from the pods then, both on the preemptor's flavor. The same events in any
-        order give the same verdict."""
+    ) -> tuple[Verdict, str, tuple[str, str]]:
+        """Judged in the preemptor's own world, against the cluster at the preemption's
+        `time`: quota from the model's own accounting of reservations then (victims still
+        holding theirs, the preemptor not yet), every resource it requests, on the flavors
+        Kueue gave it (its admission's, else the ones Kueue's flavor assigner would try, never
+        one its pods cannot use); capacity from the pods then, on the nodes that flavor selects
+        and its pods may use. The same events in any order give the same verdict. Returns the
+        verdict, its sentence, and for a quota verdict the short (resource, flavor)."""
+        none = ("", "")
         cluster = self._cluster
         if not self.enabled:
-            return "unknown", "read from a dump, which shows the cluster only after it"
+            return "unknown", "read from a dump, which shows the cluster only after it", none
         if not cluster.caught_up(now):
-            return "unknown", AWAITING_LISTS
+            return "unknown", AWAITING_LISTS, none
         caught_up_at = cluster.caught_up_at
         if caught_up_at is not None and time < caught_up_at:
             # Some kind was listed after the preemption: a victim's pods or a workload's quota
             # may have come and gone unseen, and a guess could be a wrong definite answer.
-            return "unknown", (
+            return (
+                "unknown",
                 "happened before every informer had listed; what it was decided against may"
-                " have changed unseen"
+                " have changed unseen",
+                none,
             )
         if now - time > VERDICT_FRESHNESS_S:
-            return "unknown", "happened before topowatch was watching; free capacity then unknown"
+            return (
+                "unknown",
+                "happened before topowatch was watching; free capacity then unknown",
+                none,
+            )
         if preemptor is None:
-            return "unknown", "the preemptor is not known to topowatch"
+            return "unknown", "the preemptor is not known to topowatch", none
         pod_set = _required_pod_set(preemptor)
         level = (
             level_of_label_key(pod_set.topology.level)
@@ -415,8 +463,10 @@ class PreemptionJudge:
         )
         tree = cluster.quota_tree(at=time, exclude=(preemptor.key,))
         flavor, quota = cluster.quota_for(preemptor, tree)
+        assignment = cluster.assignment(preemptor, tree)
         fitted: Fit | None = None
-        if level is not None and pod_set is not None and quota is not None:
+        quota_fits = assignment is None or assignment.fits
+        if level is not None and pod_set is not None and quota is not None and quota_fits:
             victims = [victim] if victim is not None else []
             for earlier in self.ledger.caused_by(preemptor.uid):
                 if abs(earlier.time - time) <= 10.0 and earlier.victim_name != (
@@ -427,25 +477,46 @@ class PreemptionJudge:
                         victims.append(state.workload)
             capacity = self._capacity_before(preemptor, victims)
             fitted = self._fit(pod_set, flavor, capacity)
-        return analysis.preemption_verdict(preemptor.gpus_requested, level, quota, fitted)
+        verdict, detail = analysis.preemption_verdict(
+            preemptor.gpus_requested, level, quota, fitted, assignment
+        )
+        short = none
+        if verdict == "quota" and assignment is not None and assignment.short:
+            first = assignment.short[0]
+            short = (first.resource, first.flavor)
+        return verdict, detail, short
 
-    def _capacity_before(self, preemptor: Workload, victims: list[Workload]) -> _FreeBefore:
-        """Free GPUs per node as Kueue saw them when it chose to preempt: victims' pods already
-        deleted still held their GPUs then, and the preemptor's pods already bound had not taken
-        theirs yet."""
+    def _capacity_before(self, preemptor: Workload, victims: list[Workload]) -> FreeCapacity:
+        """Free capacity per node as Kueue saw it when it chose to preempt: victims' pods
+        already deleted still held their GPUs (and every other resource) then, and the
+        preemptor's pods already bound had not taken theirs yet."""
         cluster = self._cluster
         delta_by_node: Counter[str] = Counter()
+        other: dict[str, Counter[str]] = {}
         for victim in victims:
-            seen: set[tuple[str, int, float]] = set()
+            seen: set[tuple[str, int, float, Resources]] = set()
             for group in cluster.workload_groups(victim):
                 for release in self._released.get(group, ()):
                     if release not in seen:
                         seen.add(release)
                         delta_by_node[release[0]] -= release[1]
+                        _add_requests(other, release[0], release[3], -1)
         for pod in cluster.pods_of(preemptor):
             if pod.holds_gpus:
                 delta_by_node[pod.node] += pod.gpus
-        return _FreeBefore(cluster.tree, cluster.nodes, dict(delta_by_node))
+                _add_requests(other, pod.node, pod.requests, 1)
+        before = _FreeBefore(cluster.tree, cluster.nodes, dict(delta_by_node))
+
+        def used_then(node: str) -> Mapping[str, int]:
+            now_used = cluster.node_requested(node)
+            delta = other.get(node)
+            if not delta:
+                return now_used
+            return {
+                name: now_used.get(name, 0) - delta.get(name, 0) for name in {*now_used, *delta}
+            }
+
+        return NodeResourcesFree(before, cluster.nodes, used_then)
 
     def _fit(self, pod_set: PodSetRequest, flavor: str, capacity: FreeCapacity) -> Fit | None:
         request = pod_set.topology
@@ -453,12 +524,13 @@ class PreemptionJudge:
             return None
         return fit(
             capacity,
-            self._cluster.eligibility(flavor).nodes,
+            self._cluster.eligibility(flavor, pod_set).nodes,
             request.level,
             pod_set.count,
             pod_set.gpus_per_pod,
             slice_level=request.slice_level,
             slice_size=request.slice_size,
+            requests=pod_set.per_pod,
         )
 
     def _workload(self, key: WorkloadKey) -> Workload | None:
@@ -468,6 +540,17 @@ class PreemptionJudge:
     def _gpus_held(self, workload: Workload) -> int:
         held = sum(p.gpus for p in self._cluster.pods_of(workload) if p.holds_gpus)
         return held or workload.gpus_requested
+
+
+def _add_requests(into: dict[str, Counter[str]], node: str, requests: Resources, sign: int) -> None:
+    """A pod's requests (and itself, as one pod) on `node`, added with `sign`."""
+    delta = into.get(node)
+    if delta is None:
+        delta = into[node] = Counter()
+    delta[PODS_RESOURCE] += sign
+    for name, amount in requests:
+        if name != GPU_RESOURCE:  # GPUs go through _FreeBefore, which the tree backs
+            delta[name] += sign * amount
 
 
 def _queue_from_path(path: tuple[str, ...]) -> str:

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from exporter.cluster.objects import GPU_RESOURCE, Workload
+from exporter.cluster.objects import PODS_RESOURCE, Workload
 
 FlavorResource = tuple[str, str]
 WorkloadKey = tuple[str, str]
@@ -44,18 +44,31 @@ class Reservation:
 
 
 def reserved_usage(workload: Workload) -> tuple[tuple[FlavorResource, int], ...]:
-    """GPUs per flavor the workload's admission charges: each pod set's assigned GPU flavor
-    times its pod count times GPUs per pod (status.admission.podSetAssignments)."""
-    per_pod = {p.name: p.gpus_per_pod for p in workload.pod_sets}
+    """What the workload's admission charges, per (flavor, resource), every resource.
+
+    Per pod set assignment (status.admission.podSetAssignments): each resource its `flavors`
+    map names is charged in that flavor, by the assignment's `resourceUsage` (Kueue writes the
+    pod set's total there, workload.go `NewInfo` reads it back) or, when absent (an older
+    Kueue), the spec's per-pod request times the assignment's count; `pods` is the count
+    itself (flavorassigner.go adds it when the ClusterQueue covers pods)."""
     totals: dict[FlavorResource, int] = {}
     for placement in workload.placements:
-        gpus = per_pod.get(placement.name, 0) * placement.count
-        if gpus <= 0:
-            continue
+        written = dict(placement.usage)
+        asked: dict[str, int] | None = None
         for resource, flavor in placement.flavors:
-            if resource == GPU_RESOURCE:
-                key = (flavor, resource)
-                totals[key] = totals.get(key, 0) + gpus
+            if resource in written:
+                amount = written[resource]
+            elif resource == PODS_RESOURCE:
+                amount = placement.count
+            else:
+                if asked is None:
+                    pod_set = next((p for p in workload.pod_sets if p.name == placement.name), None)
+                    asked = dict(pod_set.per_pod) if pod_set is not None else {}
+                amount = asked.get(resource, 0) * placement.count
+            if amount <= 0:
+                continue
+            key = (flavor, resource)
+            totals[key] = totals.get(key, 0) + amount
     return tuple(sorted(totals.items()))
 
 

@@ -26,6 +26,7 @@ import yaml
 
 from exporter.cluster.explain import (
     DumpError,
+    dump_notes,
     explain_text,
     job_text,
     load_dump_objects,
@@ -349,14 +350,17 @@ def explain_offline(dump: Path, target: str | None, all_preemptions: bool, as_js
         records = preemptions_view(model, 0.0)
         return _dumps(records) if as_json else preemptions_text(records)
     namespace, name = _split_target(target)
+    notes = dump_notes(model.missing_kinds)  # what the dump could not show, said, not guessed
     state = model.workload_state(namespace, name)
     if state is not None:
         view = explained_workload(model, state)
+        view["dump_notes"] = notes
         return _dumps(view) if as_json else explain_text(view)
     job = find_job(model, namespace, name)
     if job is None:
         raise ExplainError(f"no workload or elastic job {namespace}/{name} in {dump}")
     job_dict = job_view(model, job)
+    job_dict["notes"] = notes
     return _dumps(job_dict) if as_json else job_text(job_dict)
 
 

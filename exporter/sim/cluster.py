@@ -12,6 +12,15 @@ Elastic training jobs (HyperPodPyTorchJobs and Kueue-native elastic batch Jobs) 
 `exporter.sim.elastic.ElasticOperator`; this class hands it the admissions, evictions,
 finishes and deletions of their Workloads.
 
+Every decision is logged with its cause (`decisions`, exporter/sim/kueue/decisions.py): the
+ground truth topowatch's judgments are measured against (benchmarks/judgment_accuracy.py).
+A step runs one scheduling cycle (admissions and preemptions, nominated preemptors first),
+the elastic operator, garbage collection, and last a status pass that writes each pending
+workload's reason against the state the step ends in, as Kueue's next cycle would (workloads
+in a pool where a preemption is under way keep theirs, as Kueue skips them). `fidelity`
+(exporter/sim/fidelity.py) turns on every resource, tainted pools, mixed flavors,
+several pod sets and a cohort tree.
+
 Deliberate simplifications: evicted and finished pods vanish at once (no Terminating phase);
 Jobs are not written (the store serves no batch/v1), Workloads and Pods still name their Job
 and its uid; a preempted workload counts the eviction in `status.requeueState.count` (real
@@ -24,27 +33,45 @@ import math
 import random
 import uuid
 
+from exporter.sim import fidelity as fid
 from exporter.sim import hyperpod_layout as layout
-from exporter.sim.elastic import ElasticOperator, HyperPodSpec
+from exporter.sim.elastic import HYPERPOD_KIND, ElasticOperator, HyperPodSpec
+from exporter.sim.fidelity import Fidelity
 from exporter.sim.hyperpod_layout import ClusterShape, SimNode, default_shape
 from exporter.sim.job_arrivals import JobArrivals, JobRequest
 from exporter.sim.kueue import objects as ko
 from exporter.sim.kueue import status as ks
+from exporter.sim.kueue.decisions import Decision, DecisionLog, ScaleTruth
 from exporter.sim.kueue.output import ApiOutput, ClusterWriter
 from exporter.sim.kueue.scheduler import (
+    GPU,
     Admit,
     ClusterState,
+    CohortSpec,
     Demand,
     FlavorSpec,
+    HeldPodSet,
     Holding,
     Mode,
     NodeSlot,
+    PodSetSpec,
     Preempt,
     PreemptionReason,
+    Verdict,
+    Wait,
     decide,
 )
+from exporter.sim.kueue.scheduler import Decision as KueueDecision
 
-__all__ = ["ClusterShape", "ClusterWriter", "SimNode", "SimulatedCluster", "default_shape"]
+__all__ = [
+    "ClusterShape",
+    "ClusterWriter",
+    "DecisionLog",
+    "Fidelity",
+    "SimNode",
+    "SimulatedCluster",
+    "default_shape",
+]
 
 DEFAULT_SHAPE = default_shape()
 DEFAULT_START = 1_795_000_000.0  # a fixed epoch (2026-11-18) keeps default runs repeatable
@@ -52,6 +79,13 @@ FINISHED_RETENTION_S = 300.0  # finished Workloads are deleted this long after f
 ABANDON_AFTER_S = 900.0  # a random job still pending this long is deleted by its owner
 MIN_RUN_S = 30.0  # a requeued job still needs at least this long to finish
 JOB_NAME = layout.JOB_NAME
+# Elastic Workloads by key: (phase, pods, kind, job, namespace, every pod has been Ready); and
+# each HyperPodPyTorchJob's (Workload being faulted, faulty restart pending, completed, the size
+# it last restarted at).
+ElasticState = tuple[
+    dict[str, tuple[str, int, str, str, str, bool]],
+    dict[str, tuple[str | None, bool, float | None, int | None]],
+]
 POD_NAME_ALPHABET = layout.POD_NAME_ALPHABET
 
 
@@ -63,14 +97,18 @@ class SimulatedCluster:
         seed: int = 0,
         start: float = DEFAULT_START,
         elastic: bool | None = None,
+        fidelity: Fidelity | None = None,
     ) -> None:
         """`elastic`: run elastic training jobs (exporter.sim.elastic): the shape's bootstrap
         elastic jobs and elastic arrivals. None (the default) turns them on for a living
         cluster (random arrivals or initial workloads) and off for a fully scripted one, whose
-        tests expect an empty cluster; True or False decides outright."""
+        tests expect an empty cluster; True or False decides outright. `fidelity`: the oracle's
+        richer cluster (every resource, tainted pools, mixed flavors, several pod sets, a
+        cohort tree); None keeps the demo's GPU-only one."""
         if elastic is None:
             elastic = shape.arrivals_per_minute > 0 or shape.initial_workloads > 0
         self._shape = shape
+        self._fidelity = fidelity
         self._rng = random.Random(seed)
         self._out = ApiOutput(writer, self._uid)
         self._start = self._now = self._clock = start  # _clock: the time stamped on writes
@@ -81,22 +119,46 @@ class SimulatedCluster:
             n.name: [None] * n.gpus for n in self._nodes
         }
         flavors = layout.flavors_in(self._nodes)
-        self._policies = layout.queue_policies(shape, self._nodes)
-        slots = {n.name: _slot(n, flavors) for n in self._nodes}
-        self._state = ClusterState(flavors=flavors, nodes=slots, queues=self._policies)
+        cohorts: dict[str, CohortSpec] = {layout.COHORT: CohortSpec(layout.COHORT)}
+        if fidelity is not None:
+            flavors = fid.flavors(fidelity, flavors)
+            self._policies, cohorts = fid.policies(fidelity, shape, self._nodes)
+        else:
+            self._policies = layout.queue_policies(shape, self._nodes)
+        self._cohorts = cohorts
+        slots = {n.name: _slot(n, flavors, fidelity) for n in self._nodes}
+        self._state = ClusterState(
+            flavors=flavors, nodes=slots, queues=self._policies, cohorts=cohorts
+        )
         self._workloads: dict[str, ko.SimWorkload] = {}
         self._uids: dict[str, str] = {}
         self._job_seq = 0
-        templates = layout.JOB_MIX + (layout.ELASTIC_MIX if elastic else ())
+        base = fid.job_mix(fidelity) if fidelity is not None else layout.JOB_MIX
+        templates = base + (layout.ELASTIC_MIX if elastic else ())
         mix = [t for t in templates if t.flavor in flavors]
         self._arrivals = JobArrivals(shape, mix, self._rng, start)
         self._booted = False
         self._elastic = ElasticOperator(self, enabled=elastic and layout.P5 in flavors)
+        # The ground truth (exporter/sim/kueue/decisions.py) and what it needs between steps.
+        self.decisions = DecisionLog(seed)
+        self.step_index = 0
+        self._cache: dict[str, tuple[int, Demand, KueueDecision]] = {}
+        self._skipped: set[str] = set()  # pending workloads in a pool being preempted for
+        self._preempting: set[tuple[str, str]] = set()  # those pools (root cohort, flavor)
+        self._preemptors: set[str] = set()  # workloads that preempted in this step
+        self._open_ups: dict[str, ScaleTruth] = {}  # scale-up Workload key -> its event
+        self._hp_base: dict[tuple[str, str], str] = {}  # (namespace, job) -> base Workload
+        self._seen: set[str] = set()  # Workload keys written at least once
+        self._ticked = -math.inf  # the operator's last pass
 
     # --- public API -------------------------------------------------------------------------
 
     def nodes(self) -> list[SimNode]:
         return list(self._nodes)
+
+    def has_workload(self, key: str) -> bool:
+        """Whether Workload `key` ("namespace/name") exists now."""
+        return key in self._workloads
 
     def gpu_pods(self, node: str) -> dict[int, tuple[str, str, str]]:
         """GPU index -> (namespace, pod, container) of the pods holding GPUs on `node`."""
@@ -117,8 +179,9 @@ class SimulatedCluster:
         for f in self._state.flavors.values():
             topology = ko.topology_manifest(f.topology, f.levels, self._uid_of(f.topology), t)
             self._out.put("topologies", topology)
-            labels = {layout.INSTANCE_TYPE: f.name}
-            rf = ko.resource_flavor_manifest(f.name, labels, f.topology, self._uid_of(f.name), t)
+            rf = ko.resource_flavor_manifest(
+                f.name, f.labels, f.topology, self._uid_of(f.name), t, f.node_taints, f.tolerations
+            )
             self._out.put("resourceflavors", rf)
         for name, value, text in layout.PRIORITY_CLASSES:
             pc = ko.priority_class_manifest(name, value, text, self._uid_of(name), t)
@@ -127,10 +190,13 @@ class SimulatedCluster:
             name, value, text = layout.ELASTIC_PRIORITY_CLASS
             pc = ko.priority_class_manifest(name, value, text, self._uid_of(name), t)
             self._out.put("workloadpriorityclasses", pc)
-        cohort = ko.cohort_manifest(layout.COHORT, self._uid_of(layout.COHORT), t)
-        self._out.put("cohorts", cohort)
+        for spec in self._cohorts.values():
+            cohort = ko.cohort_manifest(spec.name, self._uid_of(spec.name), t, spec)
+            self._out.put("cohorts", cohort)
         if self._elastic.enabled:  # elastic jobs were running before the queued random ones
+            before = self._elastic_state()
             self._elastic.bootstrap(t)
+            self._scale_diff(before, "tick")
             self._clock = t
             self._schedule()
         for _ in range(self._shape.initial_workloads):
@@ -139,7 +205,8 @@ class SimulatedCluster:
                 self._submit_random(job)
         self._clock = t
         self._schedule()
-        self._elastic.tick(t, warm=True)
+        self._tick(t, warm=True)
+        self._settle_pending()
         self._write_queues()
 
     def step(self, now: float) -> None:
@@ -150,6 +217,7 @@ class SimulatedCluster:
         self.bootstrap()
         if now <= self._now:
             return
+        self.step_index += 1
         admitted = [w for w in self._workloads.values() if w.phase == "admitted"]
         for w in sorted(admitted, key=lambda w: (w.finish_at or 0.0, w.key)):
             if w.finish_at is not None and w.finish_at <= now:
@@ -159,8 +227,11 @@ class SimulatedCluster:
             self._submit_random(job)
         self._now = self._clock = now
         self._schedule()
-        self._elastic.tick(now)
+        self._tick(now)
+        before = self._elastic_state()
         self._collect_garbage()
+        self._scale_diff(before, "gc")
+        self._settle_pending()
         self._write_queues()
 
     def submit(
@@ -174,10 +245,15 @@ class SimulatedCluster:
         now: float | None = None,
         instance_type: str | None = None,
         runtime_s: float = 3600.0,
+        pod_sets: tuple[ko.SimPodSet, ...] = (),
+        any_flavor: bool = False,
     ) -> str:
         """Submit Job `name` for `team` (scripted scenarios, the demo); returns its Workload's
         name. `topology` is ("required"|"preferred", node label key). The flavor defaults to
         the UltraServer one when the topology names the UltraServer level, else p5.
+        `pod_sets` (per-pod requests in Kueue's units, exporter/sim/kueue/resources.py)
+        replace the one pod set of `pods` x `gpus_per_pod` GPUs; `any_flavor`: the pods name
+        no instance type, so Kueue picks the flavor.
         Raises ValueError for a bad name, unknown team, priority class, mode or flavor."""
         if not JOB_NAME.fullmatch(name):
             raise ValueError(f"job name {name!r} is not a DNS label of at most 40 characters")
@@ -186,7 +262,7 @@ class SimulatedCluster:
             raise ValueError(f"unknown team {team!r}; teams: {', '.join(self._shape.teams)}")
         if priority_class not in layout.PRIORITY:
             raise ValueError(f"unknown priority class {priority_class!r}")
-        if pods < 1 or gpus_per_pod < 1:
+        if not pod_sets and (pods < 1 or gpus_per_pod < 1):
             raise ValueError("a job needs at least one pod and one GPU per pod")
         request: tuple[Mode, str] | None = None
         if topology is not None:
@@ -202,7 +278,16 @@ class SimulatedCluster:
             raise ValueError(f"this cluster has no {flavor} nodes")
         self._clock = self._now if now is None else now
         w = self._new_workload(
-            team, name, flavor, pods, gpus_per_pod, priority_class, request, runtime_s
+            team,
+            name,
+            flavor,
+            pods,
+            gpus_per_pod,
+            priority_class,
+            request,
+            runtime_s,
+            pod_sets,
+            any_flavor,
         )
         w.scripted = True
         return w.name
@@ -270,7 +355,10 @@ class SimulatedCluster:
         (returned too). Raises ValueError for an unknown job, a size below one, or while a
         replacement slice still waits for admission."""
         self.bootstrap()
-        return self._elastic.resize_slice(namespace, job, pods, self._now)
+        before = self._elastic_state()
+        name = self._elastic.resize_slice(namespace, job, pods, self._now)
+        self._scale_diff(before, "tick")
+        return name
 
     def fault_pod(self, namespace: str, job: str) -> str:
         """Make one pod of HyperPodPyTorchJob `job`'s newest admitted scale-up fail now; the
@@ -286,60 +374,178 @@ class SimulatedCluster:
             raise ValueError(f"no node named {node!r}")
         self.bootstrap()
         self._health[node] = health
-        if health == "Schedulable":
-            self._state.unschedulable.discard(node)
-        else:
-            self._state.unschedulable.add(node)
+        self._state.cordon(node, health != "Schedulable")
         self._write_node(self._nodes[self._node_index[node]])
 
     # --- Kueue --------------------------------------------------------------------------------
 
     def _schedule(self) -> None:
         """One scheduling cycle: pending workloads, nominated preemptors first, then by priority
-        and queue order; at most one preemption per cohort and flavor per cycle."""
+        and queue order. A workload that preempts holds its pools (root cohort and flavor)
+        for the rest of the cycle: Kueue skips workloads whose preemption targets overlap or
+        that no longer fit (scheduler.go processEntry); here every other workload of the pool
+        waits for the next step. The status pass brings waiting workloads' reasons up to date
+        with the state the step ends in."""
+        self._state.fresh.clear()
+        pending = [w for w in self._workloads.values() if w.phase == "pending"]
+        # scheduler.go makeClassicalIterator: preemptors nominated last cycle first, then
+        # entries within nominal quota before borrowing ones (as assigned against the cycle's
+        # snapshot), then higher priority, then FIFO.
+        nominated = {w.key: self._decide(w)[0] for w in pending}
+        pending.sort(
+            key=lambda w: (
+                not w.nominated,
+                _borrows(nominated[w.key]),
+                -w.priority,
+                w.queued_at,
+                w.created,
+                w.key,
+            )
+        )
+        preempting = self._preempting = set()
+        self._skipped = set()
+        self._preemptors = set()
+        for w in pending:
+            if w.phase != "pending":  # an elastic hook removed or admitted it meanwhile
+                continue
+            pools = self._pools(w)
+            if pools & preempting:
+                self._skipped.add(w.key)
+                continue
+            decision, _ = self._decide(w)
+            if isinstance(decision, Admit):
+                self._admit(w, decision)
+                self._state.fresh.add(w.key)
+                self._record(w, "admitted", decision.verdict)
+            elif isinstance(decision, Preempt):
+                preempting |= pools
+                self._preemptors.add(w.key)
+                count = len(decision.victims)
+                waiting = f"{decision.message}. Pending the preemption of {count} workload(s)"
+                for holding, reason in decision.victims:
+                    victim = self._workloads[holding.key]
+                    self._record(
+                        victim, "preempted", decision.verdict, waiting, preemptor=w, reason=reason
+                    )
+                    self._evict(victim, w, reason)
+                w.nominated = True
+                self._set_pending(w, waiting)
+                self._record(w, "pending", decision.verdict, waiting)
+            else:
+                w.nominated = False
+                self._set_pending(w, decision.message)
+        if self._state.fresh:  # the next cycle's snapshot holds them as any other workload
+            self._state.fresh.clear()
+            self._state.touch()
+
+    def _settle_pending(self) -> None:
+        """The status pass: every pending workload not part of a preemption under way gets
+        the reason the state the step ends in gives it, as Kueue's next cycle would write it;
+        one it could admit or preempt for now keeps its old one until the next step."""
         pending = sorted(
             (w for w in self._workloads.values() if w.phase == "pending"),
             key=lambda w: (not w.nominated, -w.priority, w.queued_at, w.created, w.key),
         )
-        preempting: set[tuple[str, str]] = set()
         for w in pending:
-            pool = (self._policies[w.cluster_queue].cohort, w.flavor)
-            if pool in preempting:
+            if w.key in self._skipped or w.key in self._preemptors:
                 continue
-            decision = decide(self._state, _demand(w))
-            if isinstance(decision, Admit):
-                self._admit(w, decision.placement)
-            elif isinstance(decision, Preempt):
-                preempting.add(pool)
-                for holding, reason in decision.victims:
-                    self._evict(self._workloads[holding.key], w, reason)
-                w.nominated = True
-                count = len(decision.victims)
-                waiting = f"{decision.message}. Pending the preemption of {count} workload(s)"
-                self._set_pending(w, waiting)
-            else:
-                w.nominated = False
-                self._set_pending(w, decision.message)
+            if self._pools(w) & self._preempting:  # victims and newcomers of a pool in flux
+                continue
+            decision, fresh = self._decide(w)
+            if not isinstance(decision, Wait):
+                continue
+            w.nominated = False
+            self._set_pending(w, decision.message)
+            if fresh:
+                self._record(w, "pending", decision.verdict, decision.message)
 
-    def _admit(self, w: ko.SimWorkload, placement: tuple[tuple[str, int], ...]) -> None:
+    def _decide(self, w: ko.SimWorkload) -> tuple[KueueDecision, bool]:
+        """Kueue's decision for `w` now, and whether it was made anew (the cluster changed
+        since the last one: Kueue's BestEffortFIFO requeues inadmissible workloads then)."""
+        demand = _demand(w)
+        cached = self._cache.get(w.key)
+        if cached is not None and cached[0] == self._state.epoch and cached[1] == demand:
+            return cached[2], False
+        decision = decide(self._state, demand)
+        self._cache[w.key] = (self._state.epoch, demand, decision)
+        return decision, True
+
+    def _pools(self, w: ko.SimWorkload) -> set[tuple[str, str]]:
+        root = self._state.quota.queue(w.cluster_queue).root().name
+        if w.any_flavor:
+            return {(root, f) for f in self._policies[w.cluster_queue].flavor_names()}
+        return {(root, w.flavor)}
+
+    def _record(
+        self,
+        w: ko.SimWorkload,
+        kind: str,
+        verdict: Verdict,
+        message: str = "",
+        preemptor: ko.SimWorkload | None = None,
+        reason: str = "",
+    ) -> None:
+        self.decisions.add(
+            Decision(
+                seed=self.decisions.seed,
+                step=self.step_index,
+                time=self._clock,
+                kind=kind,
+                workload=w.key,
+                uid=w.uid,
+                cluster_queue=w.cluster_queue,
+                cause=verdict.cause,
+                resource=verdict.resource,
+                amount=verdict.amount,
+                flavor=verdict.flavor,
+                level=verdict.level,
+                domains=verdict.domains,
+                detail=verdict.detail,
+                message=message,
+                preemptor=preemptor.key if preemptor is not None else "",
+                preemptor_uid=preemptor.uid if preemptor is not None else "",
+                reason=reason,
+            )
+        )
+
+    def _admit(self, w: ko.SimWorkload, decision: Admit) -> None:
         now, cq = self._clock, w.cluster_queue
+        placement = decision.placement
+        held = decision.pod_sets or (
+            HeldPodSet("main", w.flavor, {GPU: w.gpus_per_pod}, placement),
+        )
         new_pods = placement
         if w.carried:  # a workload slice: its admission covers the pods it takes over too
             placement = _merge(w.carried, placement)
+            first = held[0]
+            held = (HeldPodSet(first.name, first.flavor, first.per_pod, placement), *held[1:])
             replaced = self._workloads.get(w.replaces or "")
             if replaced is not None and replaced.key in self._state.holdings:
                 self._state.remove(self._state.holdings[replaced.key])
-        self._state.add(Holding(w.key, cq, w.flavor, w.priority, now, w.gpus_per_pod, placement))
-        ks.mark_admitted(w, placement, now)
+        for ps in held:
+            w.assigned[ps.name] = ps.flavor
+        w.flavor = held[-1].flavor if w.any_flavor else w.flavor
+        pod_sets = held if (len(held) > 1 or w.pod_sets) else ()
+        self._state.add(
+            Holding(w.key, cq, w.flavor, w.priority, now, w.gpus_per_pod, placement, pod_sets)
+        )
+        placements = {ps.name: ps.placement for ps in held} if w.pod_sets else None
+        ks.mark_admitted(w, placement, now, placements)
         waited = now - w.queued_at
         w.phase, w.nominated, w.pending_message = "admitted", False, ""
         w.started, w.finish_at = now, now + w.remaining
+        up = self._open_ups.get(w.key)
+        if up is not None and up.admitted_at is None:
+            up.admitted_at = now
+            if w.elastic == "slice":  # a batch Job's scale-up is done once its pods run
+                self._close(up, "done")
         if w.elastic:
             self._elastic.on_admitted(w, new_pods)
         else:
-            for node, count in placement:
-                for _ in range(count):
-                    self._start_pod(w, node)
+            for ps in held:
+                for node, count in ps.placement:
+                    for _ in range(count):
+                        self._start_pod(w, node, ps.name)
         self._write_workload(w)
         self._out.event(w, "QuotaReserved", ks.quota_reserved_note(cq, waited), now)
         self._out.event(w, "Admitted", ks.admitted_note(cq), now)
@@ -358,6 +564,8 @@ class SimulatedCluster:
         self._out.event(
             preemptor, "PreemptedWorkload", ks.preempted_workload_note(victim, note), now
         )
+        if victim.elastic:
+            self._scale_preempted(victim)
         # The Job controller suspends the Job and its pods go; Kueue then releases the quota.
         self._release(victim)
         ks.mark_requeued(victim, message, now)
@@ -367,7 +575,9 @@ class SimulatedCluster:
         victim.started = victim.finish_at = None
         self._write_workload(victim)
         if victim.elastic:
+            before = self._elastic_state()
             self._elastic.on_evicted(victim)
+            self._scale_diff(before, "evict")
 
     def _finish(self, w: ko.SimWorkload) -> None:
         self._release(w)
@@ -375,7 +585,9 @@ class SimulatedCluster:
         w.phase, w.finished_at, w.finish_at = "finished", self._clock, None
         self._write_workload(w)
         if w.elastic:
+            before = self._elastic_state()
             self._elastic.on_finished(w)
+            self._scale_diff(before, "finish")
 
     def _release(self, w: ko.SimWorkload) -> None:
         if w.key in self._state.holdings:
@@ -395,8 +607,181 @@ class SimulatedCluster:
 
     def _queue_path(self, cluster_queue: str) -> str:
         """The cohort path Kueue prints in preemption messages (buildCQPath)."""
-        cohort = self._policies[cluster_queue].cohort
-        return f"/{cohort}/{cluster_queue}" if cohort else f"/{cluster_queue}"
+        return self._state.queue_path(cluster_queue)
+
+    # --- elastic jobs: the operator's scale events, as it caused them --------------------------
+
+    def _tick(self, now: float, warm: bool = False) -> None:
+        before = self._elastic_state()
+        self._elastic.tick(now, warm=warm)
+        self._ticked = now  # the operator writes a pod Ready at its first pass after ready_at
+        self._scale_diff(before, "tick")
+
+    def _was_ready(self, w: ko.SimWorkload) -> bool:
+        """Every pod of `w` has been Ready, as its Pod objects said (a HyperPod pod is written
+        Ready at the operator's first pass after it started; a slice's bound pods run at
+        once)."""
+        if not w.sim_pods:
+            return False
+        return all(
+            (p.ready_at is not None and p.ready_at <= self._ticked)
+            or (w.elastic == "slice" and bool(p.node))
+            for p in w.sim_pods
+        )
+
+    def _elastic_state(self) -> ElasticState:
+        """Elastic Workloads (phase, pods, kind, job, namespace) and each HyperPodPyTorchJob's
+        operator state (the Workload it is faulting, the faulty-restart flag, completion,
+        target), read from the operator without changing it: it keeps no log of its own."""
+        workloads = {
+            k: (w.phase, w.pods, w.elastic, w.job, w.namespace, self._was_ready(w))
+            for k, w in self._workloads.items()
+            if w.elastic
+        }
+        jobs: dict[str, tuple[str | None, bool, float | None, int | None]] = {}
+        for key, job in getattr(self._elastic, "_jobs", {}).items():
+            fault = job.fault[0] if job.fault is not None else None
+            # The size it last (re)started at: `world` where the operator keeps it apart from
+            # the size it scales to, else `target` (both read, never written).
+            world = getattr(job, "world", job.target)
+            jobs[key] = (fault, job.faulty_pending, job.completion_time, world)
+        return workloads, jobs
+
+    def _job_size(self, namespace: str, job: str, kind: str) -> int:
+        return sum(
+            w.pods
+            for w in self._workloads.values()
+            if w.namespace == namespace
+            and w.job == job
+            and w.elastic == kind
+            and w.phase == "admitted"
+        )
+
+    def _scale(
+        self,
+        w_namespace: str,
+        kind: str,
+        job: str,
+        workload: str,
+        direction: str,
+        start: int | None,
+        end: int | None,
+        cause: str,
+        truth_kind: str = "scale",
+    ) -> ScaleTruth:
+        job_kind = HYPERPOD_KIND if kind == "hyperpod" else "Job"
+        return self.decisions.add_scale(
+            ScaleTruth(
+                seed=self.decisions.seed,
+                step=self.step_index,
+                time=self._clock,
+                job=(w_namespace, job_kind, job),
+                workload=workload,
+                direction=direction,
+                from_replicas=start,
+                to_replicas=end,
+                cause=cause,
+                kind=truth_kind,
+            )
+        )
+
+    def _close(self, up: ScaleTruth, outcome: str, why: str = "") -> None:
+        if up.outcome:
+            return
+        up.outcome, up.failed, up.closed_step = outcome, why, self.step_index
+        for key, open_up in list(self._open_ups.items()):
+            if open_up is up:
+                del self._open_ups[key]
+
+    def _scale_requested(self, w: ko.SimWorkload) -> None:
+        """A new elastic Workload: a HyperPod scale-up (any but the job's first) or a Kueue
+        slice replacing another."""
+        if w.elastic == "hyperpod":
+            job_key = (w.namespace, w.job)
+            if job_key not in self._hp_base:
+                self._hp_base[job_key] = w.key
+                return
+            size = self._job_size(w.namespace, w.job, "hyperpod")
+            up = self._scale(
+                w.namespace, "hyperpod", w.job, w.name, "up", size, size + w.pods, "capacity_freed"
+            )
+            self._open_ups[w.key] = up
+        elif w.elastic == "slice" and w.replaces:
+            old = self._workloads.get(w.replaces)
+            start = old.pods if old is not None else None
+            up = self._scale(
+                w.namespace, "slice", w.job, w.name, "up", start, w.pods, "user_change"
+            )
+            self._open_ups[w.key] = up
+
+    def _scale_preempted(self, victim: ko.SimWorkload) -> None:
+        """Kueue preempts an elastic Workload: the job shrinks by its pods."""
+        kind = victim.elastic
+        if kind == "hyperpod":
+            size = self._job_size(victim.namespace, victim.job, kind)
+            self._scale(
+                victim.namespace, kind, victim.job, victim.name, "down", size,
+                size - victim.pods, "preemption",
+            )  # fmt: skip
+        else:
+            self._scale(
+                victim.namespace, kind, victim.job, victim.name, "down", victim.pods, 0,
+                "preemption",
+            )  # fmt: skip
+        up = self._open_ups.get(victim.key)
+        if up is not None:  # issue 16: admitted, then preempted: ended, unless before Ready
+            if self._was_ready(victim):
+                self._close(up, "ended", "preempted after its pods were Ready")
+            else:
+                self._close(up, "failed", "preempted before its pods were Ready")
+
+    def _scale_diff(self, before: ElasticState, context: str) -> None:
+        """What the operator did since `before`: Workloads it removed (a scale-down and its
+        cause, or a failed scale-up), slices it shrank, restarts that completed scale-ups."""
+        workloads, jobs = before
+        after, jobs_after = self._elastic_state()
+        sizes: dict[tuple[str, str], int] = {}
+        for phase, pods, kind, job, ns, _ in workloads.values():
+            if kind == "hyperpod" and phase == "admitted":
+                sizes[(ns, job)] = sizes.get((ns, job), 0) + pods
+        for key, (phase, pods, kind, job, ns, ready) in workloads.items():
+            now_state = after.get(key)
+            if now_state is not None:
+                if kind == "slice" and phase == "admitted" == now_state[0] and now_state[1] < pods:
+                    name = key.split("/", 1)[1]
+                    self._scale(ns, kind, job, name, "down", pods, now_state[1], "user_change")
+                continue
+            name = key.split("/", 1)[1]
+            up = self._open_ups.get(key)
+            if kind == "hyperpod" and phase == "admitted":
+                fault, _, completed, _ = jobs.get(f"{ns}/{job}", (None, False, None, None))
+                base = self._hp_base.get((ns, job), "")
+                base_phase = workloads.get(base, ("",))[0]
+                size = sizes.get((ns, job), 0)
+                sizes[(ns, job)] = size - pods
+                if fault == key:
+                    self._scale(ns, kind, job, name, "down", size, size - pods, "faulty_pod")
+                elif context == "finish" or completed is not None:
+                    self._scale(ns, kind, job, name, "down", size, size - pods, "", "finished")
+                elif base_phase != "admitted":
+                    self._scale(ns, kind, job, name, "down", size, size - pods, "preemption")
+                else:
+                    self._scale(ns, kind, job, name, "down", size, size - pods, "unknown")
+            if up is not None:
+                if phase == "admitted" and ready:  # issue 16: it ran; its removal is a down
+                    self._close(up, "ended", "removed after its pods were Ready")
+                elif phase == "admitted":
+                    self._close(up, "failed", "removed before its pods were Ready")
+                else:
+                    self._close(up, "failed", "withdrawn before admission")
+        for key, (_, _, _, world) in jobs_after.items():  # restarts at a new world size
+            if world is None or world == jobs.get(key, (None, None, None, None))[3]:
+                continue
+            ns, job = key.split("/", 1)
+            for up in list(self._open_ups.values()):
+                same = up.job == (ns, HYPERPOD_KIND, job)
+                if same and up.admitted_at is not None and (up.to_replicas or 0) <= world:
+                    self._close(up, "done")
 
     # --- jobs and pods ------------------------------------------------------------------------
 
@@ -410,6 +795,8 @@ class SimulatedCluster:
         priority_class: str,
         topology: tuple[Mode, str] | None,
         runtime: float,
+        pod_sets: tuple[ko.SimPodSet, ...] = (),
+        any_flavor: bool = False,
     ) -> ko.SimWorkload:
         ns = layout.namespace(team)
         if any(w.namespace == ns and w.job == job for w in self._workloads.values()):
@@ -432,6 +819,8 @@ class SimulatedCluster:
             topology=topology,
             remaining=runtime,
             queued_at=self._clock,
+            pod_sets=pod_sets,
+            any_flavor=any_flavor,
         )
         self._workloads[w.key] = w
         self._write_workload(w)
@@ -445,6 +834,12 @@ class SimulatedCluster:
         if t.elastic:
             self._elastic.submit_random(job, name)
             return
+        pod_sets: tuple[ko.SimPodSet, ...] = ()
+        any_flavor = False
+        if self._fidelity is not None:
+            pod_sets, any_flavor = fid.pod_sets_for(t, job.pods, job.gpus_per_pod, self._rng)
+            if not self._fidelity.resources:
+                pod_sets = fid.strip_resources(pod_sets)
         self._new_workload(
             job.team,
             name,
@@ -454,15 +849,18 @@ class SimulatedCluster:
             t.priority_class,
             t.topology,
             job.runtime,
+            pod_sets,
+            any_flavor,
         )
 
-    def _start_pod(self, w: ko.SimWorkload, node: str) -> None:
+    def _start_pod(self, w: ko.SimWorkload, node: str, pod_set: str = ko.POD_SET) -> None:
         owners = self._gpu_owner[node]
-        gpus = tuple([i for i, owner in enumerate(owners) if owner is None][: w.gpus_per_pod])
+        gpus_needed = w.pod_set(pod_set).requests.get(GPU, 0)
+        gpus = tuple([i for i, owner in enumerate(owners) if owner is None][:gpus_needed])
         index = len(w.sim_pods)
         suffix = "".join(self._rng.choice(POD_NAME_ALPHABET) for _ in range(5))
         name = f"{w.job}-{index}-{suffix}"
-        pod = ko.SimPod(name, self._uid(), index, node, gpus, self._clock)
+        pod = ko.SimPod(name, self._uid(), index, node, gpus, self._clock, pod_set=pod_set)
         for gpu in gpus:
             owners[gpu] = (w.namespace, pod.name, ko.CONTAINER)
         w.sim_pods.append(pod)
@@ -479,6 +877,7 @@ class SimulatedCluster:
             if done or abandoned:
                 self._out.drop("workloads", w.namespace, w.name)
                 del self._workloads[key]
+                self._cache.pop(key, None)
                 if w.elastic:
                     self._release(w)  # an abandoned slice's gated pods go with it
                     self._elastic.on_deleted(w)
@@ -487,6 +886,13 @@ class SimulatedCluster:
     # --- writing ------------------------------------------------------------------------------
 
     def _write_workload(self, w: ko.SimWorkload) -> None:
+        if not w.covered:
+            policy = self._policies.get(w.cluster_queue)
+            w.covered = tuple(r for g in policy.groups for r in g.covered) if policy else (GPU,)
+        if w.key not in self._seen:
+            self._seen.add(w.key)
+            if w.elastic:
+                self._scale_requested(w)
         self._out.put("workloads", ko.workload_manifest(w, layout.INSTANCE_TYPE))
 
     def _write_node(self, node: SimNode) -> None:
@@ -494,7 +900,10 @@ class SimulatedCluster:
         labels = {**node.labels, layout.HEALTH: health}
         uid = self._uid_of(f"node/{node.name}")
         index = self._node_index[node.name]
-        manifest = ko.node_manifest(node.name, labels, node.gpus, uid, self._start, health, index)
+        taints = fid.node_taints(self._fidelity, node.instance_type)
+        manifest = ko.node_manifest(
+            node.name, labels, node.gpus, uid, self._start, health, index, taints
+        )
         self._out.put("nodes", manifest)
 
     def _write_queues(self) -> None:
@@ -506,7 +915,10 @@ class SimulatedCluster:
             )
             policy = self._policies[cq]
             usage = {
-                f: (self._state.used(cq, f), self._state.borrowed(cq, f)) for f in policy.quotas
+                (f.name, r): (self._state.used(cq, f.name, r), self._state.borrowed(cq, f.name, r))
+                for g in policy.groups
+                for f in g.flavors
+                for r in g.covered
             }
             members = [w for w in self._workloads.values() if w.cluster_queue == cq]
             admitted = sum(1 for w in members if w.phase == "admitted")
@@ -514,17 +926,7 @@ class SimulatedCluster:
             counts = ko.QueueCounts(pending=pending, reserving=admitted, admitted=admitted)
             self._out.put(
                 "clusterqueues",
-                ko.cluster_queue_manifest(
-                    cq,
-                    policy.cohort,
-                    ns,
-                    policy.quotas,
-                    policy.borrow_within_cohort_max_priority,
-                    usage,
-                    counts,
-                    self._uid_of(cq),
-                    self._start,
-                ),
+                ko.cluster_queue_manifest(policy, ns, usage, counts, self._uid_of(cq), self._start),
             )
             lq_uid = self._uid_of(f"{ns}/{lq}")
             self._out.put(
@@ -549,9 +951,21 @@ class SimulatedCluster:
         return layout.P5 if layout.P5 in self._state.flavors else layout.GB200
 
 
-def _slot(node: SimNode, flavors: dict[str, FlavorSpec]) -> NodeSlot:
+def _borrows(decision: KueueDecision) -> bool:
+    return decision.borrowing
+
+
+def _slot(node: SimNode, flavors: dict[str, FlavorSpec], fidelity: Fidelity | None) -> NodeSlot:
     levels = flavors[node.instance_type].levels
-    return NodeSlot(node.name, node.instance_type, node.gpus, tuple(node.labels[k] for k in levels))
+    return NodeSlot(
+        node.name,
+        node.instance_type,
+        node.gpus,
+        tuple(node.labels[k] for k in levels),
+        allocatable=ko.node_allocatable(node.instance_type, node.gpus),
+        taints=fid.node_taints(fidelity, node.instance_type),
+        labels=dict(node.labels),
+    )
 
 
 def _demand(w: ko.SimWorkload) -> Demand:
@@ -559,8 +973,28 @@ def _demand(w: ko.SimWorkload) -> Demand:
     slice does not already hold (Kueue counts the old slice's usage as the new one's)."""
     mode: Mode = w.topology[0] if w.topology else "unconstrained"
     level = w.topology[1] if w.topology else None
-    pods = w.pods - sum(count for _, count in w.carried)
-    return Demand(w.key, w.cluster_queue, w.flavor, pods, w.gpus_per_pod, w.priority, mode, level)
+    if not w.pod_sets and not w.any_flavor:
+        pods = w.pods - sum(count for _, count in w.carried)
+        return Demand(
+            w.key, w.cluster_queue, w.flavor, pods, w.gpus_per_pod, w.priority, mode, level
+        )
+    selector = {} if w.any_flavor else {layout.INSTANCE_TYPE: w.flavor}
+    sets = tuple(
+        PodSetSpec(
+            ps.name,
+            ps.count,
+            dict(ps.requests),
+            ps.topology[0] if ps.topology else "unconstrained",
+            ps.topology[1] if ps.topology else None,
+            ps.tolerations,
+            selector,
+        )
+        for ps in w.sets()
+    )
+    flavor = "" if w.any_flavor else w.flavor
+    return Demand(
+        w.key, w.cluster_queue, flavor, w.pods, w.gpus_per_pod, w.priority, mode, level, sets
+    )
 
 
 def _merge(

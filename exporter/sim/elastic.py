@@ -18,10 +18,17 @@ HyperPodPyTorchJob (one replica = one pod = one whole p5 node here):
   `<lowercase kind>-<name>-<hash>` pattern, §1.6, applied per Workload).
 - Scale up (§1.4): while the job is below maxReplicas, past its scale-up snooze
   (`scaleUpSnoozeTimeInSeconds` after its last restart, §1.2) and has no scale-up pending, the
-  operator asks for one more; Kueue admits it or leaves it pending. Once all pods are Ready the
-  job checkpoints and restarts at the new world size (a restart delay here), and
-  `status.elasticScalingStatus` records the new `targetReplicas` and `lastScalingTime` =
-  `lastRestartTime` (§1.3).
+  operator asks for one more; Kueue admits it or leaves it pending. `targetReplicas` is the
+  size the operator scales to (the README's "target"), so it takes the new size when the
+  operator asks, when it generates "an additional Kueue Workload object representing the new
+  resource requirements" (§1.4), not when the scaling completes: one job reads one target on
+  every page while its scale-up runs. Once all pods are Ready the job checkpoints and restarts at
+  the new world size (a restart delay here), and `status.elasticScalingStatus` records
+  `lastScalingTime` = `lastRestartTime` ("when the last scaling operation completed", §1.3).
+  INFERENCE (the reference gives the field, not when it moves): the target is the replicas of
+  every Workload the operator keeps asking Kueue for, admitted or pending, so a withdrawn or
+  preempted scale-up takes its replicas out of it at once, and it is never below what Kueue
+  admitted for the job.
 - Scaling timeout and backoff (§1.2 `scalingTimeoutInSeconds`, §1.4 blog: "exponential
   backoff"): a scale-up still pending after the timeout is deleted, `consecutiveScalingFailures`
   rises and the snooze before the next try doubles per consecutive failure (capped); a
@@ -128,7 +135,8 @@ class HyperPodJob:
     graceful_timeout: float = 60.0
     faulty_timeout: float = 60.0
     workloads: list[str] = field(default_factory=list)  # keys; the base first
-    target: int | None = None
+    target: int | None = None  # targetReplicas: the size the operator scales to
+    world: int | None = None  # the size the job last (re)started at
     last_scaling: float | None = None
     last_restart: float | None = None
     last_updated: float | None = None
@@ -608,6 +616,7 @@ class ElasticOperator:
                 message = "Job suspended: its base Workload was preempted"
                 _set(job.conditions, "Running", "False", "Suspended", message, now)
                 _set(job.conditions, "Suspended", "True", "Suspended", message, now)
+            self._retarget(job, now)
             return
         for w in ups:  # a scale-up Kueue could not admit in time is withdrawn
             if w.phase == "pending" and now - w.created >= job.scaling_timeout:
@@ -634,7 +643,7 @@ class ElasticOperator:
         size = sum(w.pods for w in (base, *ups) if w.phase == "admitted")
         grow = job.next_size(size) - size
         if (
-            job.target == size
+            job.world == size
             and job.restart_at is None
             and job.fault is None
             and not busy
@@ -642,6 +651,17 @@ class ElasticOperator:
             and now >= job.snooze_until
         ):
             self._workload(job, grow, SCALE_UP_CLASS, math.inf)
+        self._retarget(job, now)
+
+    def _retarget(self, job: HyperPodJob, now: float) -> None:
+        """targetReplicas: what the operator scales to, the replicas of every Workload it
+        still asks Kueue for (admitted or pending; not one it is deleting)."""
+        if job.world is None:  # not started yet: the first start sets it
+            return
+        workloads = [self._c._workloads[k] for k in job.workloads if k in self._c._workloads]
+        wanted = sum(w.pods for w in workloads if w.phase in ("admitted", "pending"))
+        if wanted != job.target:
+            job.target, job.last_updated = wanted, now
 
     def _restart(self, job: HyperPodJob, now: float, warm: bool) -> None:
         """Once every admitted pod is Ready the job restarts at its new size (§1.4)."""
@@ -656,23 +676,23 @@ class ElasticOperator:
         ready = all(
             p.ready_at is not None and p.ready_at <= now and p.failed_at is None for p in pods
         )
-        if size == job.target or not ready:  # nothing to restart for, or pods still starting
+        if size == job.world or not ready:  # nothing to restart for, or pods still starting
             job.restart_at = None
             return
         if job.restart_at is None:
-            first = job.target is None
+            first = job.world is None
             job.restart_at = now if first or warm else now + c._rng.uniform(*RESTART_S)
         if now < job.restart_at:
             return
         at = job.restart_at
-        if job.target is None:  # the first start: no scaling yet
+        if job.world is None:  # the first start: no scaling yet
             job.start_time = at
             since = "Job started" if not warm else "Job running"
             _set(job.conditions, "Running", "True", "JobRunning", since, at)
             job.snooze_until = at + (c._rng.uniform(*WARM_SNOOZE_S) if warm else job.snooze)
             job.next_fault = at + c._rng.uniform(*FAULT_EVERY_S)
         else:
-            if size > job.target:
+            if size > job.world:
                 job.failures = 0
             job.last_scaling = job.last_restart = at
             job.faulty, job.faulty_pending = job.faulty_pending, False
@@ -680,7 +700,7 @@ class ElasticOperator:
             if job.conditions.get("Suspended", {}).get("status") == "True":
                 _set(job.conditions, "Suspended", "False", "Resumed", "Job resumed", at)
                 _set(job.conditions, "Running", "True", "JobRunning", "Job resumed", at)
-        job.target, job.last_updated, job.restart_at = size, at, None
+        job.target, job.world, job.last_updated, job.restart_at = size, size, at, None
 
     def _fault(self, job: HyperPodJob, now: float) -> str:
         ups = [self._c._workloads[k] for k in job.workloads[1:] if k in self._c._workloads]

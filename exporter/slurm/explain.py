@@ -1,4 +1,9 @@
-"""`topowatch explain --slurm JOBID`: one Slurm job in words or JSON, from a judged placement."""
+"""`topowatch explain --slurm JOBID`: one Slurm job in words or JSON, from a judged placement.
+
+Switches are named, as the Kueue side names its domains (`topowatch explain NS/NAME`'s
+"network-node-layer-3: nn-a (2 pods), nn-b (1 pod)"): each level the job's nodes span lists its
+switches (the SwitchName of topology.conf, or the network node id of a `topology from-ec2` file)
+with the nodes on each, and the leaf switches are named with them."""
 
 from __future__ import annotations
 
@@ -45,6 +50,11 @@ def as_dict(item: JobPlacement) -> dict[str, Any]:
             "worst_pair_hops": item.worst_pair_hops,
             "leaf_switches": item.leaves,
             "leaf_level": item.leaf_level,
+            "where": {
+                level: [{"domain": name, "nodes": n} for name, n in item.where[level]]
+                for level in _ORDER
+                if level in item.where
+            },
             "one_ultraserver": item.one_ultraserver,
             "ultraserver": item.ultraserver,
             "switches_met": item.switches_met,
@@ -119,6 +129,16 @@ def text(item: JobPlacement) -> str:
     return "\n".join(lines) + "\n"
 
 
+_LEVEL_NAMES = {ULTRASERVER: "UltraServer"}
+
+
+def _domains(domains: Sequence[tuple[str, int]]) -> str:
+    """ "sw-a" alone, else "sw-a (2 nodes), sw-b (1 node)"."""
+    if len(domains) == 1:
+        return domains[0][0]
+    return ", ".join(f"{name} ({n} node{'s' if n != 1 else ''})" for name, n in domains)
+
+
 def _placement_lines(item: JobPlacement) -> list[str]:
     lines: list[str] = []
     spans = [
@@ -128,9 +148,15 @@ def _placement_lines(item: JobPlacement) -> list[str]:
     ]
     if spans:
         lines.append("  spans: " + ", ".join(spans))
+    for level in (*NETWORK_LEVELS, ULTRASERVER):
+        domains = item.where.get(level, ())
+        if domains:
+            lines.append(f"    {_LEVEL_NAMES.get(level, level)}: {_domains(domains)}")
     if item.leaves:
         where = f" ({item.leaf_level})" if item.leaf_level else ""
-        lines.append(f"  leaf switches{where}: {item.leaves}")
+        leaves = item.where.get(item.leaf_level, ()) if item.leaf_level else ()
+        names = f" ({', '.join(name for name, _ in leaves)})" if leaves else ""
+        lines.append(f"  leaf switches{where}: {item.leaves}{names}")
     if item.worst_pair_hops is not None:
         lines.append(
             f"  worst-pair hops: {item.worst_pair_hops} (links between the two farthest nodes, "

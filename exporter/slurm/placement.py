@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from exporter.sources.slurm.jobs import SlurmJob
-from exporter.topology.labels import NETWORK_LEVELS, Placement
+from exporter.topology.labels import NETWORK_LEVELS, ULTRASERVER, Placement
 from exporter.topology.locality import locality
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "judge",
     "judge_all",
     "leaf_of",
+    "named",
     "node_is_free",
     "reason_meaning",
 ]
@@ -321,6 +322,10 @@ class JobPlacement:
     switches_met: bool | None  # the --switches request held (None: not asked / not running)
     pending: PendingContext | None
     problems: tuple[str, ...]
+    # Per level with data (network layers top-down, then the UltraServer): each domain the
+    # nodes sit in, by its id (the switch name in topology.conf, the network node id from EC2)
+    # and how many of the job's nodes are there, most first; as the Kueue side names domains.
+    where: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
     @property
     def one_ultraserver(self) -> bool | None:
@@ -354,6 +359,12 @@ def judge(
     leaves = {leaf_of(p) for p in known.values()}
     leaf_ids = {leaf for leaf in leaves if leaf is not None}
     leaf_levels = {level for level, _ in leaf_ids}
+    where: dict[str, tuple[tuple[str, int], ...]] = {}
+    for level in (*NETWORK_LEVELS, ULTRASERVER):
+        counts = Counter(p.domain_at(level) for p in known.values())
+        counts.pop(None, None)
+        if counts:
+            where[level] = _ranked(Counter({str(k): n for k, n in counts.items()}))
     switches_met: bool | None = None
     if job.switches and not unplaced and None not in leaves:
         switches_met = len(leaf_ids) <= job.switches
@@ -369,6 +380,7 @@ def judge(
         switches_met=switches_met,
         pending=None,
         problems=tuple(problems),
+        where=where,
     )
 
 
@@ -416,6 +428,7 @@ def _context_lines(job: SlurmJob, needs: int | None, cap: FreeCapacity) -> list[
     summary = f"{cap.free_nodes} node{'s' if cap.free_nodes != 1 else ''} free in {where}"
     if leaves_free:
         summary += f" across {leaves_free} leaf switch{'es' if leaves_free != 1 else ''}"
+        summary += f" ({named(cap.per_leaf)})"
     if cap.free_unplaced:
         summary += f" ({cap.free_unplaced} not in the topology)"
     if job.switches:
@@ -428,9 +441,11 @@ def _context_lines(job: SlurmJob, needs: int | None, cap: FreeCapacity) -> list[
             lines.append(f"needs {count} in one leaf switch (--switches=1); {best}")
         else:
             top = cap.best_leaves(job.switches)
+            freest = named(cap.per_leaf[: job.switches])
             lines.append(
                 f"needs {count} in at most {job.switches} leaf switches (--switches="
                 f"{job.switches}); the {job.switches} freest leaf switches have {top} together"
+                + (f" ({freest})" if freest else "")
             )
         if needs is not None and _fits(job, needs, cap):
             lines.append(
@@ -458,6 +473,17 @@ def _context_lines(job: SlurmJob, needs: int | None, cap: FreeCapacity) -> list[
                     f"has {largest}): the job would span switches"
                 )
     return list(dict.fromkeys(lines))
+
+
+NAMED_AT_MOST = 8  # switches named in one line; the rest are counted
+
+
+def named(counts: Sequence[tuple[str, int]]) -> str:
+    """ "leaf-c 3, leaf-a 2, ... and 4 more": switches by name with their counts."""
+    shown = [f"{name} {n}" for name, n in counts[:NAMED_AT_MOST]]
+    if len(counts) > NAMED_AT_MOST:
+        shown.append(f"and {len(counts) - NAMED_AT_MOST} more")
+    return ", ".join(shown)
 
 
 def _fits(job: SlurmJob, needs: int, cap: FreeCapacity) -> bool:

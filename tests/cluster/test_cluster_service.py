@@ -151,7 +151,14 @@ def test_topology_driven_preemption_explained_end_to_end(
     cluster.step(start + 4)  # train lands in one domain
     eventually(lambda: model_sees(service, NS, train, "admitted"), what="train admitted")
 
-    records = eventually(lambda: service.get("/api/v1/preemptions")[1], what="a preemption")
+    # The record appears at the preemption; its freed GPUs grow as the victim's pods are
+    # deleted, one watch event each: wait for the last of the three (on a loaded machine the
+    # first read can land between two of them).
+    def settled() -> list[dict[str, Any]] | None:
+        found: list[dict[str, Any]] = service.get("/api/v1/preemptions")[1]
+        return found if found and found[0]["gpus_freed"] >= 24 else None
+
+    records = eventually(settled, what="a preemption whose three victim pods are gone")
     (record,) = records
     assert record["victim"] == f"{NS}/{second}"
     assert record["preemptor"] == f"{NS}/{train}"

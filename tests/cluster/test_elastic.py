@@ -243,6 +243,29 @@ def test_preempting_a_scale_up_workload_is_a_scale_down_caused_by_preemption() -
     assert job.ready == 2 and job.admitted == 2
 
 
+def test_a_scale_up_preempted_before_its_pods_are_ready_fails_at_that_phase() -> None:
+    """README (issue 16): a scale-up evicted before Ready failed at that phase, not before
+    admission: it was admitted (Kueue preempts only Workloads holding quota), and its eviction
+    is a preemption-driven scale-down of its own (reference 1.4)."""
+    model = cluster()
+    running_base(model)
+    model.apply("Workload", "ADDED", increment("llama-up1", 1, T0 + 100), T0 + 100)
+    model.apply(
+        "Workload", "MODIFIED", increment("llama-up1", 1, T0 + 100, T0 + 110, rv="2"), T0 + 110
+    )
+    model.apply("Pod", "ADDED", hp_pod("llama-2", "n2", None), T0 + 115)
+    evicted = increment("llama-up1", 1, T0 + 100, T0 + 110, rv="3")
+    evicted["status"]["conditions"].append(
+        s.condition("Evicted", "True", "Preempted", "Preempted to accommodate a workload", T0 + 120)
+    )
+    model.apply("Workload", "MODIFIED", evicted, T0 + 120)
+    up, down = the_job(model).events
+    assert up.failed_phase == "ready" and up.failed == "preempted before its pods were Ready"
+    assert up.seconds_to("admitted") == 10.0
+    assert (down.from_replicas, down.to_replicas, down.cause) == (3, 2, "preemption")
+    assert model.elastic.failures_total == {(CQ, "ready"): 1}
+
+
 @pytest.mark.parametrize(
     ("status_after", "expected"),
     [
@@ -390,6 +413,22 @@ def test_a_replacement_slice_is_a_scale_up_done_when_its_pods_are_ready() -> Non
     )
     model.apply("Workload", "MODIFIED", smaller, T0 + 200)
     assert [(e.direction, e.from_replicas, e.to_replicas) for e in job.events][-1] == ("down", 4, 3)
+
+
+def test_a_preempted_slice_takes_the_whole_job_down() -> None:
+    """Kueue evicts the slice, the Job is suspended: a preemption-driven scale-down to 0."""
+    model = cluster()
+    model.apply("Workload", "ADDED", slice_workload("job-trainer-aaaaa", 2, T0, T0 + 1), T0 + 1)
+    evicted = slice_workload("job-trainer-aaaaa", 2, T0, T0 + 1, rv="2")
+    evicted["status"]["conditions"].append(
+        s.condition("Evicted", "True", "Preempted", "Preempted to accommodate a workload", T0 + 50)
+    )
+    model.apply("Workload", "MODIFIED", evicted, T0 + 50)
+    job = find_job(model, NS, "trainer")
+    assert job is not None
+    assert [(e.direction, e.from_replicas, e.to_replicas, e.cause) for e in job.events] == [
+        ("down", 2, 0, "preemption")
+    ]
 
 
 # --- bad input: "unknown: <why>" for that job, counted, nothing else affected ----------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
+from exporter.cluster.explain import model_from_objects
+from exporter.cluster.model import ClusterModel
+from exporter.cluster.ui.pages import topology_picture
 from exporter.sim.cluster import ClusterShape, SimulatedCluster, default_shape
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from tests.crds import assert_valid, assert_valid_kueue, crd_validator
@@ -82,6 +86,15 @@ def target(obj: Obj) -> int | None:
     return None if replicas is None else int(replicas["pods"])
 
 
+def settled(obj: Obj) -> int | None:
+    """The size a job runs at once its last scaling completed: `targetReplicas` is what the
+    operator scales to (it moves when the operator asks), `lastScalingTime` is written when the
+    scaling completes, and `lastUpdated` with both; None while a scaling is under way."""
+    status = scaling(obj)
+    done = status.get("lastScalingTime")
+    return target(obj) if done is not None and done == status.get("lastUpdated") else None
+
+
 def run(cluster: SimulatedCluster, start: float, seconds: int) -> Iterator[float]:
     for i in range(1, seconds + 1):
         cluster.step(start + i)
@@ -89,9 +102,9 @@ def run(cluster: SimulatedCluster, start: float, seconds: int) -> Iterator[float
 
 
 def grow_to(cluster: SimulatedCluster, store: MemoryStore, name: str, size: int) -> float:
-    """Step until job `name` reports `size` replicas; returns the time it did."""
+    """Step until job `name` runs at `size` replicas; returns the time it did."""
     for now in run(cluster, cluster_now(cluster), 900):
-        if target(job(store, name)) == size:
+        if settled(job(store, name)) == size:
             return now
     raise AssertionError(f"{name} never reached {size} replicas: {scaling(job(store, name))}")
 
@@ -211,11 +224,15 @@ def test_a_default_hyperpod_job_scales_up_in_the_first_minutes() -> None:
             classes = {w["spec"]["priorityClassRef"]["name"] for w in live}
             if len(live) >= 2 and both_admitted is None:
                 assert classes == {"training-priority", "elastic-priority"}  # base + scale-up
+                # the target is what the operator scales to, from the moment it asks (§1.4)
+                assert target(hp) == sum(w["spec"]["podSets"][0]["count"] for w in live)
                 both_admitted = now
             pods = owned_by(store, "pods", uid)
             pending_pods_seen |= any(p["status"]["phase"] == "Pending" for p in pods)
             new = (target(hp), scaling(hp).get("lastScalingTime"))
             old = history.get(name)
+            if old is not None and old[0] is not None and new[1] == old[1]:
+                continue  # no scaling completed: compare with the last one that did
             if old is not None and old[0] is not None and new[0] is not None and new[0] > old[0]:
                 assert new[1] is not None and (old[1] is None or new[1] > old[1])
                 assert scaling(hp)["lastRestartTime"] == new[1]
@@ -281,7 +298,7 @@ def test_a_preempted_scale_up_is_deleted_and_the_job_shrinks() -> None:
     assert conditions(victims[0])["Evicted"]["reason"] == "Preempted"
     assert store.pods_of(victim) == []
     for _ in run(cluster, now + 1, 60):
-        if target(job(store, "train")) == 5:
+        if settled(job(store, "train")) == 5:
             break
     names = {w["metadata"]["name"] for w in store.items("workloads")}
     assert victim not in names  # the operator removed the Workload
@@ -360,7 +377,7 @@ def test_a_scale_up_pending_past_its_timeout_is_withdrawn_with_backoff() -> None
     assert max(failures) >= 2 and failures == sorted(failures)
     assert store.workload(blocker)["status"]["admission"]  # it held the third node all along
     for _ in run(cluster, START + 390, 400):  # the blocker ends; the next try succeeds
-        if target(job(store, "train")) == 3:
+        if settled(job(store, "train")) == 3:
             break
     assert scaling(job(store, "train"))["consecutiveScalingFailures"] == 0
 
@@ -429,6 +446,78 @@ def test_a_kueue_elastic_job_grows_by_a_replacement_slice_and_shrinks_in_place()
     [queue] = store.items("clusterqueues")
     assert queue["status"]["flavorsUsage"][0]["resources"][0]["total"] == "12"
     assert_valid(shrunk)
+
+
+# --- the demo read back by the cluster service: one Workload, its own pods ------------------------
+
+KIND_OF = {
+    "nodes": "Node",
+    "pods": "Pod",
+    "events": "Event",
+    "workloads": "Workload",
+    "clusterqueues": "ClusterQueue",
+    "localqueues": "LocalQueue",
+    "cohorts": "Cohort",
+    "resourceflavors": "ResourceFlavor",
+    "topologies": "Topology",
+    "workloadpriorityclasses": "WorkloadPriorityClass",
+    "hyperpodpytorchjobs": "HyperPodPyTorchJob",
+}
+
+
+def judged_demo(model: ClusterModel) -> None:
+    """What the demo's pages must agree on, for every elastic job the model holds:
+    - the Workloads of one job list disjoint pods, and no Workload is credited (metrics, the
+      topology page) with more GPUs than it was admitted for (one Workload per increment, 1.4;
+      Kueue's kueue.x-k8s.io/workload annotation names a pod's Workload; a replaced slice owns
+      none, 1.6);
+    - a HyperPod job's target is what the operator scales to (1.3 targetReplicas, 1.4 "an
+      additional Kueue Workload ... representing the new resource requirements"): never below
+      what Kueue admitted for it, so one page cannot read 2 while the next reads 3."""
+    slots: Counter[str] = Counter()
+    for tile in topology_picture(model).nodes.values():
+        slots.update(slot.workload_key for slot in tile.slots if slot is not None)
+    for job in model.elastic.jobs.values():
+        seen: dict[str, str] = {}
+        for workload in job.workloads.values():
+            pods = model.pods_of(workload)
+            for pod in pods:
+                assert pod.name not in seen, (job.name, pod.name, seen[pod.name], workload.name)
+                seen[pod.name] = workload.name
+            held = sum(p.gpus for p in pods if p.holds_gpus)
+            assert held <= workload.gpus_requested, (workload.name, held)
+            assert slots[f"{workload.namespace}/{workload.name}"] <= workload.gpus_requested
+        if job.kind == "HyperPodPyTorchJob" and job.target is not None:
+            assert job.target >= job.admitted, (job.name, job.target, job.admitted)
+
+
+def test_the_demo_pages_agree_live_and_from_a_dump() -> None:
+    """The default demo for ten simulated minutes, fed to the model as informers deliver it
+    (live), checked every 10 s; then the store dumped and read as `explain --from` does."""
+    store = MemoryStore()
+    cluster = SimulatedCluster(store, default_shape(), seed=0)
+    model = ClusterModel()
+    done = 0
+    multi = 0
+    for now in run(cluster, START, 600):
+        for op, plural, obj in store.log[done:]:
+            kind = KIND_OF.get(plural)
+            if kind is not None:
+                model.apply(kind, "DELETED" if op == "delete" else "ADDED", obj, now)
+        done = len(store.log)
+        if int(now - START) % 10 == 0:
+            judged_demo(model)
+            multi += sum(len(j.workloads) > 1 for j in model.elastic.jobs.values())
+    assert multi, "no elastic job ever held two Workloads: nothing was checked"
+    events = list(model.elastic.events())
+    assert any(e.direction == "up" and e.done and not e.failed for e in events)
+    for event in events:  # a preempted scale-up that was admitted did not fail before it
+        if "admitted" in event.phases:
+            assert event.failed_phase != "admitted", event
+    dump = [{**obj, "kind": KIND_OF[plural]} for plural in KIND_OF for obj in store.items(plural)]
+    offline, _ = model_from_objects(dump)
+    judged_demo(offline)
+    assert any(len(j.workloads) > 1 for j in offline.elastic.jobs.values())
 
 
 # --- determinism ----------------------------------------------------------------------------------

@@ -244,7 +244,10 @@ def test_pending_with_switches_1_names_the_largest_free_leaf() -> None:
         "needs 4 nodes in one leaf switch (--switches=1); the largest free leaf switch "
         "(network-node-layer-3) is leaf-c with 3"
     )
-    assert "6 nodes free in partition gpu across 3 leaf switches" in judged.pending.lines
+    assert (
+        "6 nodes free in partition gpu across 3 leaf switches (leaf-c 3, leaf-a 2, leaf-b 1)"
+        in judged.pending.lines
+    )
 
 
 def test_pending_with_switches_2_counts_the_two_freest_leaves() -> None:
@@ -252,9 +255,20 @@ def test_pending_with_switches_2_counts_the_two_freest_leaves() -> None:
     assert judged.pending is not None
     assert judged.pending.lines[0] == (
         "needs 5 nodes in at most 2 leaf switches (--switches=2); the 2 freest leaf switches "
-        "have 5 together"
+        "have 5 together (leaf-c 3, leaf-a 2)"
     )
     assert "enough by node count now" in judged.pending.lines[1]
+
+
+def test_a_long_switch_list_names_the_freest_and_counts_the_rest() -> None:
+    topology = {f"m{i}": place("nn-1", "nn-2", f"leaf-{i:02d}", "", f"m{i}") for i in range(12)}
+    nodes = [Node(f"m{i}") for i in range(12)]
+    judged = judge(pending("Resources", 20), topology, nodes)
+    assert judged.pending is not None
+    assert judged.pending.lines[0] == (
+        "12 nodes free in partition gpu across 12 leaf switches (leaf-00 1, leaf-01 1, "
+        "leaf-02 1, leaf-03 1, leaf-04 1, leaf-05 1, leaf-06 1, leaf-07 1, and 4 more)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -466,17 +480,28 @@ def test_families_parse_as_prometheus_text() -> None:
 
 
 def test_explain_text_of_a_running_job() -> None:
-    said = text(judge(running("n1", "n3", gpus=16), TOPOLOGY))
+    """Each level names its switches with the job's nodes on each, as the Kueue side names
+    its domains ("network-node-layer-3: nn-a (2 pods), nn-b (1 pod)")."""
+    item = judge(running("n1", "n3", gpus=16), TOPOLOGY)
+    said = text(item)
     assert said.splitlines() == [
         'Slurm job 42 "train" (user alice, partition gpu): RUNNING',
         "  nodes (2): n[1,3]",
         "  holds: 2 nodes, 16 GPUs",
         "  spans: 1 network-node-layer-1, 1 network-node-layer-2, 2 network-node-layer-3, "
         "2 ultraserver",
-        "  leaf switches (network-node-layer-3): 2",
+        "    network-node-layer-1: nn-1",
+        "    network-node-layer-2: nn-2a",
+        "    network-node-layer-3: leaf-a (1 node), leaf-b (1 node)",
+        "    UltraServer: us-1 (1 node), us-2 (1 node)",
+        "  leaf switches (network-node-layer-3): 2 (leaf-a, leaf-b)",
         "  worst-pair hops: 4 (links between the two farthest nodes, as the Kueue side counts "
         "them)",
         "  UltraServer: not one; 2 UltraServers (or nodes outside any)",
+    ]
+    assert as_dict(item)["placement"]["where"]["network-node-layer-3"] == [
+        {"domain": "leaf-a", "nodes": 1},
+        {"domain": "leaf-b", "nodes": 1},
     ]
 
 
@@ -520,12 +545,13 @@ def test_explain_slurm_with_a_topology_file(tmp_path: Path) -> None:
     )
     said = explain_slurm("1", conf, False, fake)
     assert "  spans: 1 network-node-layer-1, 2 network-node-layer-2" in said
+    assert "    network-node-layer-2: sw-a (1 node), sw-b (1 node)" in said  # topology.conf's
     assert "  worst-pair hops: 4" in said
     assert f"  topology file: {conf} (4 nodes)" in said
     big = json.loads(explain_slurm("4", conf, True, fake))
     assert big["pending"]["reason"] == "Resources"
     assert big["pending"]["topology"][:2] == [
-        "2 nodes free in partition all across 2 leaf switches",
+        "2 nodes free in partition all across 2 leaf switches (sw-a 1, sw-b 1)",
         "needs 3 nodes: 1 more than are free",
     ]
     with pytest.raises(ExplainSlurmError, match="no job 99"):
@@ -578,7 +604,7 @@ def test_real_slurm_jobs_placement_and_reasons(
         said = explain_slurm(big, conf, False, cli)
         assert "reason: Resources [capacity]" in said
         assert "needs 3 nodes: 1 more than are free" in said  # gpu-1 and gpu-4 are idle
-        assert "2 nodes free in partition all across 2 leaf switches" in said
+        assert "2 nodes free in partition all across 2 leaf switches (sw-a 1, sw-b 1)" in said
 
         monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
         assert main(["explain", "--slurm", held, "--json"]) == 0  # topology.conf found beside
@@ -591,3 +617,7 @@ def test_real_slurm_jobs_placement_and_reasons(
         assert main(["explain", "--slurm", spread]) == 0
         out = capsys.readouterr().out
         assert "nodes (2): gpu-[2-3]" in out and "worst-pair hops: 4" in out
+        # the switches named, as topology.conf names them (the Kueue side names its domains)
+        assert "    network-node-layer-1: sw-top\n" in out
+        assert "    network-node-layer-2: sw-a (1 node), sw-b (1 node)\n" in out
+        assert "  leaf switches (network-node-layer-2): 2 (sw-a, sw-b)\n" in out

@@ -1,24 +1,28 @@
 """Where a pod set of one shape can go: the nodes its flavor selects, counted in whole pods.
 
 Kueue's Topology-Aware Scheduling (TAS) does not place GPUs, it places pods: a node offers
-floor(free GPUs / GPUs per pod) pods, a topology domain offers the sum over its nodes, and a
-required topology needs every pod (or every slice) in one domain of the level. A domain of
-4 nodes with 4 free GPUs each holds 16 free GPUs and not one pod of 8 GPUs. This module
-answers, for one pod set shape on one ResourceFlavor:
+as many pods as every requested resource and its pod limit allow (floor(free GPUs / GPUs per
+pod) when GPUs bind), a topology domain offers the sum over its nodes, and a required
+topology needs every pod (or every slice) in one domain of the level. A domain of 4 nodes
+with 4 free GPUs each holds 16 free GPUs and not one pod of 8 GPUs. This module answers, for
+one pod set shape on one ResourceFlavor:
 
 - which nodes it may use (`screen_nodes`, `eligible_nodes`): the flavor's nodeLabels and the
   Topology's level labels, Ready and not cordoned, every NoSchedule/NoExecute taint tolerated
-  by the pod's and the flavor's tolerations, the pod's nodeSelector;
+  by the pod's and the flavor's tolerations (an operator core/v1 does not define tolerates
+  nothing, and is reported), the pod's nodeSelector and required node affinity;
 - how many of its pods the best domain of one level holds (`fit`);
 - whether and where Kueue could place it under a required, preferred, unconstrained or
   slice topology request (`place`).
 
 The rules follow Kueue at kubernetes-sigs/kueue@ff69552e79ad (`KUEUE`); each function's
-docstring names the rule and the file it comes from. What is not modelled: resources other
-than GPUs (Kueue counts every requested resource and the node's pod limit), required node
-affinity, leader/worker pod set groups, multi-layer slice constraints, balanced placement
-(alpha, off by default), and usage Kueue has assumed for admitted workloads whose pods are not
-bound yet: free GPUs come from the caller (the topology tree counts bound pods).
+docstring names the rule and the file it comes from. A node holds as many pods as every
+resource a pod requests allows, the pod count included (`requests`, with a capacity that
+knows every resource: `NodeResourcesFree`); given only GPUs it counts GPUs. What is not
+modelled: leader/worker pod set groups, multi-layer slice constraints, balanced placement
+(alpha, off by default), preferred node affinity (a score, not a filter), and usage Kueue has
+assumed for admitted workloads whose pods are not bound yet: free capacity comes from the
+caller (the topology tree and the model count bound pods).
 
 Pure functions over plain values: nothing here reads the model or the API.
 """
@@ -28,9 +32,20 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, NamedTuple, Protocol
+from typing import Final, Literal, NamedTuple, Protocol, runtime_checkable
 
-from exporter.cluster.objects import Node, ResourceFlavor, Taint, Toleration, TopologyRequest
+from exporter.cluster.objects import (
+    GPU_RESOURCE,
+    PODS_RESOURCE,
+    Node,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    ResourceFlavor,
+    Resources,
+    Taint,
+    Toleration,
+    TopologyRequest,
+)
 from exporter.topology.labels import (
     LABEL_KEY_OF_LEVEL,
     LEVELS,
@@ -49,13 +64,17 @@ __all__ = [
     "Fit",
     "FreeCapacity",
     "NodeFreeMap",
+    "NodeResourcesFree",
     "PlacementAnswer",
+    "ResourceCapacity",
     "eligible_nodes",
     "fit",
     "level_name",
+    "node_affinity_matches",
     "place",
     "screen_nodes",
     "tolerates",
+    "unknown_operators",
     "untolerated_taint",
 ]
 
@@ -125,9 +144,86 @@ def untolerated_taint(taints: Iterable[Taint], tolerations: Sequence[Toleration]
     return None
 
 
+_KNOWN_OPERATORS: Final = frozenset({"", "Equal", "Exists", "Lt", "Gt"})
+
+
+def unknown_operators(tolerations: Iterable[Toleration]) -> list[Toleration]:
+    """Tolerations whose operator core/v1 does not define: they tolerate nothing, and an
+    answer that leaves a node out for a taint one of them names must say so."""
+    return [t for t in tolerations if t.operator not in _KNOWN_OPERATORS]
+
+
 def _taint_text(taint: Taint) -> str:
     value = f"={taint.value}" if taint.value else ""
     return f"{taint.key}{value}:{taint.effect}"
+
+
+# --- node affinity ---------------------------------------------------------------------------
+
+_SELECTOR_OPERATORS: Final = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+
+
+def _requirement_holds(req: NodeSelectorRequirement, labels: Mapping[str, str]) -> bool:
+    """One matchExpressions entry (k8s.io/component-helpers/scheduling/corev1/nodeaffinity,
+    labels.Selector): In / NotIn against the values (NotIn and DoesNotExist hold for an absent
+    label), Exists / DoesNotExist, Gt / Lt comparing one integer value with the label's."""
+    present = req.key in labels
+    value = labels.get(req.key, "")
+    operator = req.operator
+    if operator == "In":
+        return present and value in req.values
+    if operator == "NotIn":
+        return not present or value not in req.values
+    if operator == "Exists":
+        return present
+    if operator == "DoesNotExist":
+        return not present
+    if len(req.values) != 1 or not present:
+        return False
+    limit, number = _decimal(req.values[0]), _decimal(value)
+    if limit is None or number is None:
+        return False
+    return number > limit if operator == "Gt" else number < limit
+
+
+def node_affinity_matches(terms: Sequence[NodeSelectorTerm], node: Node) -> bool:
+    """Whether a node satisfies a pod's required node affinity (`terms`; () is none).
+
+    Rule (nodeaffinity.NewNodeSelector, as Kueue's TAS applies it in scheduling_simulator_
+    default.go `FindFeasibleNodes` step 3 and its flavor assigner in `flavorSelector`): the
+    terms are ORed, a term's expressions and fields ANDed; an empty term matches no node;
+    matchFields knows only metadata.name. A requirement with an operator core/v1 does not
+    define makes the whole selector invalid: Kueue answers "invalid affinity node
+    selectors" and places nothing, so no node matches.
+    """
+    if not terms:
+        return True
+    for term in terms:
+        for req in (*term.expressions, *term.fields):
+            if req.operator not in _SELECTOR_OPERATORS:
+                return False
+    labels = dict(node.labels)
+    fields = {"metadata.name": node.name}
+    for term in terms:
+        if not term.expressions and not term.fields:
+            continue
+        if all(_requirement_holds(r, labels) for r in term.expressions) and all(
+            _requirement_holds(r, fields) for r in term.fields
+        ):
+            return True
+    return False
+
+
+def affinity_text(terms: Sequence[NodeSelectorTerm]) -> str:
+    """The terms as people write them: "a In (x, y) and b Exists, or c NotIn (z)"."""
+    words = []
+    for term in terms:
+        parts = [
+            f"{r.key} {r.operator}" + (f" ({', '.join(r.values)})" if r.values else "")
+            for r in (*term.expressions, *term.fields)
+        ]
+        words.append(" and ".join(parts) or "(empty term)")
+    return ", or ".join(words)
 
 
 # --- which nodes a pod set may use ---------------------------------------------------------
@@ -143,6 +239,7 @@ ExclusionCause = Literal[
     "not-ready",  # Ready is not True
     "taint",  # a NoSchedule/NoExecute taint the pod set does not tolerate
     "node-selector",  # the pod's nodeSelector does not match
+    "node-affinity",  # the pod's required node affinity does not match
 ]
 
 _CAUSE_WORDS: Final[Mapping[str, str]] = {
@@ -156,6 +253,7 @@ _CAUSE_WORDS: Final[Mapping[str, str]] = {
     "not-ready": "not Ready",
     "taint": "tainted without a toleration",
     "node-selector": "not matching the nodeSelector",
+    "node-affinity": "not matching the required node affinity",
 }
 
 
@@ -174,6 +272,9 @@ class Eligibility:
     flavor: str  # "" when no flavor was given
     nodes: frozenset[str]
     excluded: tuple[Exclusion, ...]  # sorted by node name
+    # What in the pod set's own constraints cannot be read as written (a toleration or a node
+    # affinity operator core/v1 does not define): said, never guessed around.
+    problems: tuple[str, ...] = ()
 
     def count(self, cause: ExclusionCause) -> int:
         return sum(1 for e in self.excluded if e.cause == cause)
@@ -204,6 +305,7 @@ def screen_nodes(
     node_selector: Mapping[str, str] | None = None,
     tolerations: Sequence[Toleration] = (),
     topology_levels: Sequence[str] = (),
+    affinity: Sequence[NodeSelectorTerm] = (),
 ) -> Eligibility:
     """Which nodes a pod set may use on `flavor`, and the first reason each other node fails.
 
@@ -225,12 +327,17 @@ def screen_nodes(
        unreadable) or with an EC2 scheduled event due (`Node.unavailable`) is left out, since
        its GPUs are not capacity a job can count on, whatever Kubernetes says.
     4. Every NoSchedule/NoExecute node taint must be tolerated by the pod's tolerations plus
-       the flavor's (`untolerated_taint`; scheduling_simulator_default.go step 1).
+       the flavor's (`untolerated_taint`; pkg/cache/scheduler/scheduling_simulator_default.go
+       `FindFeasibleNodes` step 1, with the tolerations `findTopologyAssignment` in
+       tas_flavor_snapshot.go gathers: `info.Tolerations` plus the flavor's).
     5. The pod's nodeSelector must match the node's labels (step 2 there, and kube-scheduler).
+    6. The pod's required node affinity must match (`node_affinity_matches`, step 3 there).
 
-    Kueue applies 4 and 5 per node only when the Topology's lowest level is
-    kubernetes.io/hostname (as HyperPod's is); kube-scheduler enforces both anyway, so they
+    Kueue applies 4 to 6 per node only when the Topology's lowest level is
+    kubernetes.io/hostname (as HyperPod's is); kube-scheduler enforces them anyway, so they
     always apply here. `flavor` None means no flavor constraint (rules 1-2 are skipped).
+    A toleration whose operator core/v1 does not define tolerates nothing; the answer's
+    `problems` say so, and so does the detail of every node left out for a taint it names.
     """
     selector = sorted((node_selector or {}).items())
     flavor_labels = flavor.node_labels if flavor is not None else ()
@@ -239,10 +346,23 @@ def screen_nodes(
         untolerated_taint(flavor.node_taints, all_tolerations) if flavor is not None else None
     )
     levels = tuple(topology_levels)
+    terms = tuple(affinity)
     selected = ", ".join(f"{k}={v}" for k, v in flavor_labels)
     usable: set[str] = set()
     excluded: list[Exclusion] = []
-    plain = not (levels or selector or flavor_block)  # only readiness and taints to check
+    strange = unknown_operators(all_tolerations)
+    problems = [
+        f"toleration {_toleration_text(t)} has operator {t.operator!r}, which core/v1 does not"
+        " define: it tolerates no taint"
+        for t in strange
+    ]
+    if terms and _invalid_affinity(terms):
+        problems.append(
+            f"required node affinity {affinity_text(terms)} uses an operator core/v1 does not"
+            " define: Kueue answers 'invalid affinity node selectors' and no node matches"
+        )
+    # only readiness and taints to check
+    plain = not (levels or selector or flavor_block or terms)
     for node in nodes.values() if isinstance(nodes, Mapping) else nodes:
         # Node.label gives "" for an absent label, as a Go map lookup does in NodeMatchesFlavor.
         for key, value in flavor_labels:
@@ -253,14 +373,32 @@ def screen_nodes(
             if plain and node.schedulable and not node.taints and not node.unavailable:
                 usable.add(node.name)
                 continue
-            found = _exclusion(node, levels, flavor_block, all_tolerations, selector)
+            found = _exclusion(node, levels, flavor_block, all_tolerations, selector, terms)
             if found is None:
                 usable.add(node.name)
             else:
-                excluded.append(Exclusion(node.name, *found))
+                cause, detail = found
+                if strange and cause in ("taint", "flavor-taint"):
+                    detail += (
+                        f" (a toleration with operator {strange[0].operator!r} tolerates nothing)"
+                    )
+                excluded.append(Exclusion(node.name, cause, detail))
     excluded.sort()  # by node name first
     name = flavor.name if flavor is not None else ""
-    return Eligibility(name, frozenset(usable), tuple(excluded))
+    return Eligibility(name, frozenset(usable), tuple(excluded), tuple(problems))
+
+
+def _invalid_affinity(terms: Sequence[NodeSelectorTerm]) -> bool:
+    return any(
+        r.operator not in _SELECTOR_OPERATORS for t in terms for r in (*t.expressions, *t.fields)
+    )
+
+
+def _toleration_text(toleration: Toleration) -> str:
+    key = toleration.key or "(every key)"
+    value = f"={toleration.value}" if toleration.value else ""
+    effect = f":{toleration.effect}" if toleration.effect else ""
+    return f"{key}{value}{effect}"
 
 
 def _exclusion(
@@ -269,8 +407,9 @@ def _exclusion(
     flavor_block: Taint | None,
     tolerations: Sequence[Toleration],
     selector: Sequence[tuple[str, str]],
+    affinity: Sequence[NodeSelectorTerm] = (),
 ) -> tuple[ExclusionCause, str] | None:
-    """Rules 1 (Topology labels) to 5 of `screen_nodes` for a node the flavor selects."""
+    """Rules 1 (Topology labels) to 6 of `screen_nodes` for a node the flavor selects."""
     labels = dict(node.labels) if levels or selector else {}
     if levels and (missing := [key for key in levels if key not in labels]):
         return "topology-label", f"no {', '.join(missing)}"
@@ -288,6 +427,8 @@ def _exclusion(
         return "taint", f"{_taint_text(taint)} not tolerated"
     if selector and (mismatch := [f"{k}={v}" for k, v in selector if labels.get(k) != v]):
         return "node-selector", ", ".join(mismatch)
+    if affinity and not node_affinity_matches(affinity, node):
+        return "node-affinity", affinity_text(affinity)
     return None
 
 
@@ -297,10 +438,13 @@ def eligible_nodes(
     node_selector: Mapping[str, str] | None = None,
     tolerations: Sequence[Toleration] = (),
     topology_levels: Sequence[str] = (),
+    affinity: Sequence[NodeSelectorTerm] = (),
 ) -> set[str]:
     """Names of the nodes a pod set may use on `flavor`: `screen_nodes` without the reasons
     (the same Kueue rules apply; see there)."""
-    return set(screen_nodes(flavor, nodes, node_selector, tolerations, topology_levels).nodes)
+    return set(
+        screen_nodes(flavor, nodes, node_selector, tolerations, topology_levels, affinity).nodes
+    )
 
 
 # --- free capacity -------------------------------------------------------------------------
@@ -312,6 +456,54 @@ class FreeCapacity(Protocol):
     def node_free(self, node: str) -> int: ...
 
     def placement(self, node: str) -> Placement | None: ...
+
+
+@runtime_checkable
+class ResourceCapacity(FreeCapacity, Protocol):
+    """A `FreeCapacity` that also knows every resource: per node, allocatable minus what the
+    pods on it request, the pod count included (`NodeResourcesFree` is one)."""
+
+    def free_resources(self, node: str) -> Mapping[str, int]: ...
+
+
+class NodeResourcesFree:
+    """Every resource free per node, as Kueue's TAS snapshot counts a leaf's free capacity:
+    the node's allocatable minus the requests of the pods on it, and minus one per pod of its
+    `pods` allocatable (pkg/cache/scheduler/tas_flavor_snapshot.go `addNonTASUsage`,
+    `updateTASUsage`, and tas_non_tas_pod_cache.go). GPUs come from `gpus` (the topology
+    tree, or a view of it at an earlier moment), so both answers agree on them.
+
+    `used(node)` gives what the pods on the node request ("pods": how many); a node whose
+    allocatable does not list `pods` (kubelet always reports it; a trimmed object may not)
+    is not limited by a pod count rather than holding none.
+    """
+
+    __slots__ = ("_gpus", "_nodes", "_used")
+
+    def __init__(
+        self,
+        gpus: FreeCapacity,
+        nodes: Mapping[str, Node],
+        used: Callable[[str], Mapping[str, int]],
+    ) -> None:
+        self._gpus = gpus
+        self._nodes = nodes
+        self._used = used
+
+    def node_free(self, node: str) -> int:
+        return self._gpus.node_free(node)
+
+    def placement(self, node: str) -> Placement | None:
+        return self._gpus.placement(node)
+
+    def free_resources(self, node: str) -> Mapping[str, int]:
+        spec = self._nodes.get(node)
+        if spec is None:
+            return {}
+        used = self._used(node)
+        free = {name: max(0, amount - used.get(name, 0)) for name, amount in spec.allocatable}
+        free[GPU_RESOURCE] = max(0, self._gpus.node_free(node))
+        return free
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,15 +566,68 @@ def _domain_getter(level: str) -> _DomainOf:
 
 
 class _Tally:
-    __slots__ = ("free", "max_node_free", "nodes", "pods", "slice_pods", "slices")
+    __slots__ = (
+        "free",
+        "gpu_pods",
+        "limits",
+        "max_node_free",
+        "nodes",
+        "pods",
+        "slice_pods",
+        "slices",
+    )
 
     def __init__(self) -> None:
         self.nodes = 0
         self.free = 0
         self.max_node_free = 0
         self.pods = 0
+        self.gpu_pods = 0  # pods its GPUs alone would hold
         self.slices = 0
         self.slice_pods: dict[str, int] = {}
+        self.limits: dict[str, int] = {}  # resource -> nodes it held below their GPUs' count
+
+
+PodCounter = Callable[[str, int], tuple[int, str]]
+
+
+def _pod_counter(
+    capacity: FreeCapacity, gpus_per_pod: int, requests: Resources | None
+) -> PodCounter | None:
+    """How many pods of the shape a node holds, and the resource that binds when it is not
+    the GPUs: None when only GPUs count (a capacity that knows nothing else, or a request of
+    GPUs only on one that does not count pods).
+
+    Rule: `CountInWithLimitingResource` (pkg/resources/requests.go) of the pod's requests
+    plus one pod (`resources.OnePodRequest`, added in tas_flavor_snapshot.go
+    `findTopologyAssignment`) against the leaf's remaining capacity (`fillLeafCounts`): the
+    minimum over requested resources of floor(free / request), a resource the node does not
+    list holding none; ties go to the resource name that sorts first.
+    """
+    if not isinstance(capacity, ResourceCapacity):
+        return None
+    asked = [(name, amount) for name, amount in (requests or ()) if amount > 0]
+    if not asked and gpus_per_pod > 0:
+        asked = [(GPU_RESOURCE, gpus_per_pod)]
+    if not any(name == PODS_RESOURCE for name, _ in asked):
+        asked.append((PODS_RESOURCE, 1))
+    asked.sort()
+    free_of = capacity.free_resources
+
+    def count(node: str, free_gpus: int) -> tuple[int, str]:
+        free = free_of(node)
+        best = -1
+        limiting = ""
+        for name, amount in asked:
+            if name == PODS_RESOURCE and name not in free:
+                continue  # no pod limit reported: not limiting (see NodeResourcesFree)
+            have = free_gpus if name == GPU_RESOURCE else free.get(name, 0)
+            fits = max(0, have // amount)
+            if best < 0 or fits < best:
+                best, limiting = fits, name
+        return max(0, best), limiting
+
+    return count
 
 
 def _tally(
@@ -392,12 +637,14 @@ def _tally(
     gpus_per_pod: int,
     slice_level: str | None,
     slice_size: int,
+    requests: Resources | None = None,
 ) -> tuple[dict[str, _Tally], int, int]:
     """Per domain of `level`: pods and slices of the shape that fit, counted Kueue's way.
 
-    Rule: a node holds floor(free / per-pod request) pods (`fillLeafCounts` ->
-    `CountInWithLimitingResource`), a domain the sum of its children's pods, and a domain at
-    or above the slice level the sum over its slice-level domains of floor(pods / slice size)
+    Rule: a node holds as many pods as its remaining capacity allows (`_pod_counter`:
+    `fillLeafCounts` -> `CountInWithLimitingResource`; floor(free GPUs / GPUs per pod) when
+    GPUs are all that is known), a domain the sum of its children's pods, and a domain at or
+    above the slice level the sum over its slice-level domains of floor(pods / slice size)
     (`fillInCountsHelper`), all in pkg/cache/scheduler/tas_flavor_snapshot.go.
     Returns (tallies, nodes known to `capacity`, known nodes without a label at `level`).
     """
@@ -407,6 +654,7 @@ def _tally(
     domain_of = _domain_getter(level)
     inner_of = _domain_getter(slice_level) if sliced and slice_level is not None else None
     placement_of, free_of = capacity.placement, capacity.node_free
+    counter = _pod_counter(capacity, gpus_per_pod, requests)
     for name in eligible:
         place = placement_of(name)
         if place is None:
@@ -417,7 +665,14 @@ def _tally(
             unlabeled += 1
             continue
         free = max(0, free_of(name))
-        pods = free // gpus_per_pod
+        by_gpus = free // gpus_per_pod if gpus_per_pod > 0 else 0
+        limiting = ""
+        if counter is None:
+            pods = by_gpus
+        else:
+            pods, limiting = counter(name, free)
+            if gpus_per_pod <= 0:
+                by_gpus = pods
         tally = tallies.get(domain)
         if tally is None:
             tally = tallies[domain] = _Tally()
@@ -426,6 +681,9 @@ def _tally(
         if free > tally.max_node_free:
             tally.max_node_free = free
         tally.pods += pods
+        tally.gpu_pods += by_gpus
+        if counter is not None and pods < by_gpus:
+            tally.limits[limiting] = tally.limits.get(limiting, 0) + 1
         if inner_of is not None:
             inner = inner_of(name, place)
             if inner:  # a node without the slice label holds no slice
@@ -535,6 +793,31 @@ class Fit:
     slices_fit: int = 0
     slices_needed: int = 0
     reason: str = ""  # why, for "invalid"
+    # In that domain: pods its free GPUs alone would hold, and the resources (other than GPUs)
+    # that held nodes below that, with how many nodes each (Kueue's limiting resource).
+    domain_gpu_pods: int = 0
+    limited_by: tuple[tuple[str, int], ...] = ()
+    # With slices: pods of the shape each slice-level domain of that domain holds.
+    slice_pods: tuple[tuple[str, int], ...] = ()
+
+    def smallest_room(self) -> tuple[int, tuple[str, ...]]:
+        """The fewest more pods that would make this domain hold every slice, and the
+        slice-level domains where they would go (those closest to a whole slice), by
+        `fillInCountsHelper`'s count: sum over slice-level domains of floor(pods / size).
+        Without slices: the pods it lacks, and no domains."""
+        short = max(0, self.pods_needed - self.pods_fit)
+        if self.slice_level is None or self.slice_size <= 1 or not self.slice_pods:
+            return short, ()
+        missing = max(0, self.slices_needed - self.slices_fit)
+        size = self.slice_size
+        gaps = sorted((size - pods % size, name) for name, pods in self.slice_pods)
+        if missing == 0 or len(gaps) < missing:
+            return short, ()
+        extra = sum(gap for gap, _ in gaps[:missing])
+        if extra >= short:
+            return short, ()
+        cutoff = gaps[missing - 1][0]
+        return extra, tuple(name for gap, name in gaps if gap <= cutoff)
 
     @property
     def fits(self) -> bool:
@@ -574,6 +857,14 @@ class Fit:
         nodes = _plural(self.domain_nodes, "node")
         if self.free_gpus < self.gpus_needed:
             detail = free
+        elif self.limited_by and self.domain_gpu_pods >= self.pods_needed:
+            named = " and ".join(
+                f"{resource} on {_plural(count, 'node')}" for resource, count in self.limited_by
+            )
+            detail = (
+                f"{free}, room for {_plural(self.domain_gpu_pods, 'pod')} by GPUs, but {named}"
+                f" (allocatable minus what its pods request) leave room for {self.domain_pods}"
+            )
         elif self.max_node_free < self.gpus_per_pod:
             detail = (
                 f"{free}, but no node has {self.gpus_per_pod} free:"
@@ -595,7 +886,11 @@ def _invalid(level: str, pods: int, gpus_per_pod: int, reason: str) -> Fit:
 
 
 def _check_shape(
-    pods: int, gpus_per_pod: int, slice_level: str | None, slice_size: int | None
+    pods: int,
+    gpus_per_pod: int,
+    slice_level: str | None,
+    slice_size: int | None,
+    requests: Resources | None = None,
 ) -> str:
     """Why a shape cannot be judged, "" when it can.
 
@@ -605,7 +900,7 @@ def _check_shape(
     """
     if pods < 1:
         return f"{pods} pods requested"
-    if gpus_per_pod < 1:
+    if gpus_per_pod < 1 and not any(amount > 0 for _, amount in requests or ()):
         return "its pods request no GPUs, so GPU capacity does not bound them"
     if slice_size is not None and slice_level is None:
         return f"slice size {slice_size} without a slice level"
@@ -628,14 +923,17 @@ def fit(
     *,
     slice_level: str | None = None,
     slice_size: int | None = None,
+    requests: Resources | None = None,
 ) -> Fit:
     """The most pods of this shape one domain of `level` holds, and whether that is all.
 
     `level` is a level name or a node label key; `eligible` the nodes the pod set may use
     (`eligible_nodes`). Rules (pkg/cache/scheduler/tas_flavor_snapshot.go):
 
-    - a node holds floor(free GPUs / GPUs per pod) whole pods, a domain the sum over its
-      nodes (`fillLeafCounts`, `fillInCountsHelper`);
+    - a node holds floor(free GPUs / GPUs per pod) whole pods, or with `requests` (every
+      resource a pod asks for) on a capacity that knows every resource, the fewest any
+      requested resource and the pod count allow; a domain the sum over its nodes
+      (`fillLeafCounts`, `fillInCountsHelper`);
     - with `slice_level`/`slice_size` (podset-slice-required-topology/-size) the pod set is
       floor(pods / size) slices, each within one domain of the slice level; a domain holds
       the sum over its slice-level domains of floor(pods there / size) (`fillInCountsHelper`);
@@ -648,7 +946,7 @@ def fit(
     name = level_name(level)
     if name is None:
         return _invalid(level, pods, gpus_per_pod, f"unknown topology level {level!r}")
-    problem = _check_shape(pods, gpus_per_pod, slice_level, slice_size)
+    problem = _check_shape(pods, gpus_per_pod, slice_level, slice_size, requests)
     if problem:
         return _invalid(name, pods, gpus_per_pod, problem)
     inner = level_name(slice_level) if slice_level is not None else None
@@ -657,7 +955,9 @@ def fit(
         return _invalid(
             name, pods, gpus_per_pod, f"slice level {inner} is above the pod set level {name}"
         )
-    tallies, known, unlabeled = _tally(capacity, eligible, name, gpus_per_pod, inner, size)
+    tallies, known, unlabeled = _tally(
+        capacity, eligible, name, gpus_per_pod, inner, size, requests
+    )
     needed = pods // size  # Kueue: count / sliceSize
     status: FitStatus
     if not tallies:
@@ -690,6 +990,9 @@ def fit(
         slice_size=size,
         slices_fit=min(needed, tally.slices),
         slices_needed=needed,
+        domain_gpu_pods=tally.gpu_pods,
+        limited_by=tuple(sorted(tally.limits.items(), key=lambda item: (-item[1], item[0]))),
+        slice_pods=tuple(sorted(tally.slice_pods.items())) if inner is not None else (),
     )
 
 
@@ -741,6 +1044,7 @@ class _Job:
     gpus_per_pod: int
     slice_level: str | None
     slice_size: int | None
+    requests: Resources | None = None
 
     @property
     def shape(self) -> str:
@@ -759,6 +1063,7 @@ class _Job:
             self.gpus_per_pod,
             slice_level=self.slice_level,
             slice_size=self.slice_size,
+            requests=self.requests,
         )
 
     def answer(
@@ -787,7 +1092,13 @@ class _Job:
         may span several domains of `level` (`_spread`)."""
         slice_level = level_name(self.slice_level) if self.slice_level is not None else None
         tallies, _, _ = _tally(
-            self.capacity, self.eligible, level, self.gpus_per_pod, slice_level, self.size
+            self.capacity,
+            self.eligible,
+            level,
+            self.gpus_per_pod,
+            slice_level,
+            self.size,
+            self.requests,
         )
         needed = self.pods // self.size
         if not tallies:
@@ -805,8 +1116,11 @@ def place(
     gpus_per_pod: int,
     *,
     levels: Sequence[str] | None = None,
+    requests: Resources | None = None,
 ) -> PlacementAnswer:
-    """Whether and where Kueue TAS could place `pods` pods of `gpus_per_pod` GPUs now.
+    """Whether and where Kueue TAS could place `pods` pods of `gpus_per_pod` GPUs now
+    (`requests`: every resource one pod asks for, counted against each node's remaining
+    capacity when `capacity` knows every resource, `ResourceCapacity`; see `fit`).
 
     `levels` are the flavor's Topology levels (label keys or names, highest first); without
     them topowatch's own levels stand in, and levels no eligible node carries are passed
@@ -841,9 +1155,16 @@ def place(
     else:
         mode = request.mode  # "unconstrained" | "none"
     job = _Job(
-        capacity, eligible, mode, pods, gpus_per_pod, request.slice_level, request.slice_size
+        capacity,
+        eligible,
+        mode,
+        pods,
+        gpus_per_pod,
+        request.slice_level,
+        request.slice_size,
+        requests,
     )
-    problem = _check_shape(pods, gpus_per_pod, request.slice_level, request.slice_size)
+    problem = _check_shape(pods, gpus_per_pod, request.slice_level, request.slice_size, requests)
     if (
         not problem
         and request.slice_level is not None

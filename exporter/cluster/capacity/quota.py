@@ -48,6 +48,7 @@ __all__ = [
     "QuotaLine",
     "QuotaProblem",
     "QuotaTree",
+    "kueue_quantity",
 ]
 
 KUEUE: Final = "kubernetes-sigs/kueue@ff69552e79ad"
@@ -170,13 +171,45 @@ class _Node:
         return nodes
 
 
-def _fmt(resource: str, amount: int) -> str:
-    """An amount in Kueue's units as people write it: millicores for cpu when not whole."""
-    if resource == "cpu" and amount % 1000:
-        return f"{amount}m"
+_DECIMAL_SUFFIXES: Final = ("m", "", "k", "M", "G", "T", "P", "E")  # 10^-3 .. 10^18
+_BINARY_SUFFIXES: Final = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_BINARY_RESOURCES: Final = frozenset({"memory", "ephemeral-storage"})
+
+
+def kueue_quantity(resource: str, amount: int) -> str:
+    """An amount in Kueue's units written as Kueue writes it in its messages.
+
+    pkg/resources/resource_formatter.go `ResourceQuantityString`: cpu is a milli-quantity in
+    DecimalSI ("500m", "16", "2k"); memory, ephemeral-storage and hugepages-* are BinarySI,
+    canonicalized ("500Gi", "1536Mi"; an amount below 1024 or not a multiple of 1024 falls
+    back to DecimalSI, "1G"); everything else DecimalSI ("15", "2k"). resource.Quantity's
+    String() picks the largest suffix that keeps the mantissa a whole number.
+    """
+    sign = "-" if amount < 0 else ""
+    value = abs(amount)
+    if resource.startswith("hugepages-") or resource in _BINARY_RESOURCES:
+        if value >= 1024:
+            index = 0
+            while value % 1024 == 0 and index < len(_BINARY_SUFFIXES) - 1:
+                value //= 1024
+                index += 1
+            if index > 0:
+                return f"{sign}{value}{_BINARY_SUFFIXES[index]}"
+        value = abs(amount)
+    index = 1  # whole units
     if resource == "cpu":
-        return str(amount // 1000)
-    return str(amount)
+        index = 0  # millicores
+    if value == 0:
+        return "0"
+    while value % 1000 == 0 and index < len(_DECIMAL_SUFFIXES) - 1:
+        value //= 1000
+        index += 1
+    return f"{sign}{value}{_DECIMAL_SUFFIXES[index]}"
+
+
+def _fmt(resource: str, amount: int) -> str:
+    """An amount in Kueue's units as Kueue prints it (`kueue_quantity`)."""
+    return kueue_quantity(resource, amount)
 
 
 def _unknown(problem: QuotaProblem) -> Answer:
@@ -452,6 +485,15 @@ class QuotaTree:
             f"{_fmt(resource, amount)} of its {_fmt(resource, unused)} unused nominal quota"
             " is in use by other queues",
         )
+
+    def held(self, queue: str, flavor: str, resource: str) -> tuple[int, int]:
+        """(nominalQuota, usage) of one pair of one queue, 0 where it has none."""
+        node = self._queues.get(queue)
+        if node is None:
+            return 0, 0
+        fr = (flavor, resource)
+        quota = node.quotas.get(fr)
+        return (quota.nominal if quota is not None else 0), node.usage.get(fr, 0)
 
     def line(self, queue: str, flavor: str, resource: str) -> QuotaLine:
         """Everything about one pair of one queue, for explain and the quota advisor."""

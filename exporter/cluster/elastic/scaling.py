@@ -13,11 +13,35 @@ health.md, 1.4 to 1.7):
   deleted while admitted is a scale-down whose cause the job's status settles:
   `isFaultyPodScaleDown` → faulty pod, a new `metadata.generation` → user change, else unknown.
   A scale-up Workload deleted before admission, or evicted before its pods were ready, failed.
+  A scale-up evicted after its pods were Ready did not fail: it ended ("preempted after
+  ready"), and its eviction is a scale-down of its own.
+- **Only elastic jobs scale** (1.2: `spec.elasticPolicy`; `elasticWorkloadRef` is "only set
+  when ElasticPolicy is present"): a HyperPodPyTorchJob without `elasticPolicy` is no elastic
+  job (its preemption is a preemption, not a scale event), and one whose object has not been
+  seen (a dump without the kind, a kind not listed yet) is neither called elastic nor given
+  scale events until its spec says so; then its Workloads are judged as a first list is.
 - **Kueue** elastic Jobs (ElasticJobsViaWorkloadSlices): a Workload with
   `workload-slice-replacement-for` is a scale-up from the replaced slice's size; it is done
   when that many pods are Ready (a batch Job does not restart). Kueue scales down by lowering
   the count of the Workload in place (elastic_workload.md), which is a scale-down here. Slices
-  are resized by changing the Job's parallelism, so their cause is a user change.
+  are resized by changing the Job's parallelism, so their cause is a user change. A preempted
+  slice takes the whole Job down (Kueue evicts the Workload, the Job is suspended).
+
+Evidence, not the clock, times what was not watched. Live, a phase is timed when the model sees
+it happen. Rebuilt from a first list (a restart's, or a `kubectl get` dump through `topowatch
+explain --from`), a phase is timed only by what the objects record and is otherwise known to be
+reached but left untimed, never stamped with the dump's newest timestamp:
+- admitted: the Admitted condition's lastTransitionTime while True; after an eviction, Kueue's
+  `accumulatedPastExecutionTimeSeconds` before the Admitted=False transition (with one admission
+  cycle: `schedulingStats.evictions`, or a HyperPod scale-up, which its operator deletes after
+  one eviction, 1.4); an Admitted condition that is False, or that field, alone proves the
+  admission (Kueue writes Admitted=False only when it was True, `SyncAdmittedCondition`); an
+  eviction with reason Preempted proves the quota was held (Kueue preempts only Workloads that
+  hold quota, pkg/scheduler/preemption);
+- ready: the n-th earliest Ready time of the job's Ready pods is when it first had n;
+- restarted: `lastRestartTime` is the operator's latest restart only, so it belongs to the
+  newest scale event (up or down) at or before it; an older scale-up whose replicas that
+  restart includes was restarted too, at a time the status no longer holds.
 
 Counting is restart-safe as the preemption counters are: only events that happened while
 this process watched (`live`) are counted; history rebuilt from a first list is kept in the
@@ -27,7 +51,7 @@ ledger, uncounted, and the same Workload never makes two events.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -46,13 +70,21 @@ USER_CHANGE_WINDOW_S: Final = 120.0
 READY_SLACK_S: Final = 2.0  # object times have whole seconds
 EVENTS_PER_JOB: Final = 256
 SIZES_PER_JOB: Final = 512
+NOT_IN_DUMP: Final = "the job object is not in the dump"
+NOT_LISTED: Final = (
+    f"its {HYPERPOD_KIND} object has not been seen (the kind is not listed yet, or not served)"
+)
 
 JobKey = tuple[str, str, str]  # (namespace, kind, name)
+# What a Workload's status keeps of admissions it no longer holds (parse.hyperpod reads it):
+# (accumulatedPastExecutionTimeSeconds, the number of evictions schedulingStats counts).
+Evidence = tuple[int | None, int | None]
 
 
 @dataclass(slots=True)
 class ScaleEvent:
-    """One resize of an elastic job. Phase times are Unix seconds."""
+    """One resize of an elastic job. Phase times are Unix seconds; a phase known to be reached
+    at a time no object records (rebuilt from history) maps to None."""
 
     id: int
     job: JobKey
@@ -64,15 +96,16 @@ class ScaleEvent:
     time: float
     cluster_queue: str
     live: bool  # happened while this process watched: counted
-    phases: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float | None] = field(default_factory=dict)
     failed: str = ""  # why it failed, "" when it did not
     failed_phase: str = ""  # the phase it never reached
+    ended: str = ""  # how a scale-up that neither completed nor failed ended ("preempted ...")
     counted: bool = False
     dedupe: tuple[str, str] = ("", "")  # its key in ElasticBook._event_of
 
     @property
     def done(self) -> bool:
-        if self.direction == "down" or self.failed:
+        if self.direction == "down" or self.failed or self.ended:
             return True
         last = "restarted" if self.job[1] == HYPERPOD_KIND else "ready"
         return last in self.phases
@@ -84,9 +117,17 @@ class ScaleEvent:
                 return phase
         return ""
 
+    @property
+    def last_phase(self) -> str:
+        reached = [p for p in PHASES if p in self.phases]
+        return reached[-1] if reached else ""
+
     def seconds_to(self, phase: str) -> float | None:
         at = self.phases.get(phase)
-        return None if at is None else max(0.0, at - self.phases.get("requested", self.time))
+        if at is None:
+            return None
+        start = self.phases.get("requested")
+        return max(0.0, at - (start if start is not None else self.time))
 
 
 @dataclass(slots=True)
@@ -103,15 +144,38 @@ class JobState:
     flavor: str = ""
     bound: int = 0  # pods bound to a node
     ready: int = 0  # pods Ready
+    ready_times: tuple[float, ...] = ()  # the Ready pods' Ready times, earliest first
     events: deque[ScaleEvent] = field(default_factory=lambda: deque(maxlen=EVENTS_PER_JOB))
-    sizes: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=SIZES_PER_JOB))
+    # Size history: what a first list's objects say (rebuilt as they arrive), then what was
+    # watched happening.
+    history_sizes: list[tuple[float, int]] = field(default_factory=list)
+    live_sizes: deque[tuple[float, int]] = field(
+        default_factory=lambda: deque(maxlen=SIZES_PER_JOB)
+    )
     problems: dict[str, str] = field(default_factory=dict)  # source -> why its size is unknown
+    unseen: str = ""  # why its HyperPodPyTorchJob spec is unknown (not a problem: unseen)
     generation_changed: float | None = None
     gpus_seen_per_replica: int = 0
+    # Per Workload: whether it was first seen live, and the admission its status remembers.
+    live_seen: dict[str, bool] = field(default_factory=dict)
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    derived: bool = False  # its Workloads' scale events are derived (its elasticity is known)
+    # Events derived from a Workload's state when first seen, by (Workload, direction): their
+    # sizes count the job's other Workloads, which a first list may deliver later.
+    first_seen: dict[tuple[str, str], ScaleEvent] = field(default_factory=dict)
+    pods_unseen: str = ""  # why its pods are unknown (a dump without pods), "" when seen
 
     @property
     def key(self) -> JobKey:
         return (self.namespace, self.kind, self.name)
+
+    @property
+    def elastic(self) -> bool | None:
+        """True for a Kueue elastic Job and a HyperPodPyTorchJob with spec.elasticPolicy, False
+        for one without, None while its spec is unseen."""
+        if self.kind != HYPERPOD_KIND:
+            return True
+        return None if self.spec is None else self.spec.elastic
 
     @property
     def admitted(self) -> int:
@@ -139,29 +203,46 @@ class JobState:
     @property
     def unknown(self) -> str:
         """ "" when the job's size can be judged, else why not (for "unknown: <why>")."""
-        return "; ".join(self.problems[k] for k in sorted(self.problems))
+        if self.problems:
+            return "; ".join(self.problems[k] for k in sorted(self.problems))
+        return self.unseen if self.kind == HYPERPOD_KIND and self.spec is None else ""
 
     @property
     def absorbed_replicas(self) -> int:
         """Replicas running above the minimum: capacity the job took that would be idle."""
         low = self.min_replicas
-        if low is None or self.unknown:
+        if low is None or self.unknown or not self.elastic:
             return 0
         return max(0, self.ready - low)
 
+    @property
+    def sizes(self) -> list[tuple[float, int]]:
+        return [*self.history_sizes, *self.live_sizes]
+
     def summary(self) -> str:
-        """ "elastic 3/8 replicas (min 2, target 4)" or "elastic: unknown: <why>"."""
+        """ "elastic 3/8 replicas (min 2, target 4)", "elastic <kind> <name>: unknown: <why>",
+        "not elastic (...)" or, spec unseen, "unknown whether elastic: <why> (...)"."""
+        running = "?" if self.pods_unseen else str(self.ready)
+        if self.kind == HYPERPOD_KIND and self.spec is None:
+            why = self.unknown or NOT_LISTED
+            return (
+                f"unknown whether elastic: {why} ({running} replicas running, "
+                f"{self.admitted} admitted)"
+            )
         if self.unknown:
             return f"elastic {self.kind} {self.name}: unknown: {self.unknown}"
+        if self.elastic is False:
+            asked = sum(r.replicas for r in self.spec.replica_specs) if self.spec else 0
+            return f"not elastic (no spec.elasticPolicy): {running}/{asked} replicas running"
         high = self.max_replicas
-        bounds = []
+        bounds = [f"running unknown: {self.pods_unseen}"] if self.pods_unseen else []
         if self.min_replicas is not None:
             bounds.append(f"min {self.min_replicas}")
         if self.target is not None:
             bounds.append(f"target {self.target}")
         if self.kind != HYPERPOD_KIND:
             bounds.append(f"{self.admitted} admitted")
-        size = f"{self.ready}/{high}" if high is not None else f"{self.ready}"
+        size = f"{running}/{high}" if high is not None else running
         return f"elastic {size} replicas" + (f" ({', '.join(bounds)})" if bounds else "")
 
 
@@ -203,6 +284,11 @@ class ElasticBook:
         self.phase_sum: dict[str, float] = dict.fromkeys(PHASES[1:], 0.0)
         self.phase_count: Counter[str] = Counter()
         self.hyperpod_served = False  # the HyperPodPyTorchJob kind has listed at least once
+        # Built from a dump (`topowatch explain --from`): a job object the dump lacks is "not in
+        # the dump", never a job that does not exist.
+        self.from_dump = False
+        self.pods_unseen = ""  # why no job's pods are known (a dump without pods)
+        self._rebuilding = False  # judging Workloads from their state, not their changes
         # Told of every scale event opened (the history feed writes it as its phases fill in).
         self.on_event: Callable[[ScaleEvent], None] | None = None
 
@@ -235,11 +321,13 @@ class ElasticBook:
             if job is not None:
                 job.spec = None
                 job.problems.pop("spec", None)
+                self._check_owner(job)
                 self._forget_if_empty(job)
             return None
         job = self._job(job_key)
         old = job.spec
         job.spec = spec
+        job.unseen = ""
         if spec.uid:
             job.uid = spec.uid
             self._by_uid[spec.uid] = job_key
@@ -250,9 +338,29 @@ class ElasticBook:
             job.problems.pop("spec", None)
         if old is not None and spec.generation > old.generation:
             job.generation_changed = now
+        derive = spec.elastic and not job.derived
+        if derive:
+            self._derive(job, now)
         self._settle_from_status(job, old, spec, now)
-        self._advance(job, now)
+        self._advance(job, now, live and not derive)  # judged from their state: evidence only
         return job
+
+    def _derive(self, job: JobState, now: float) -> None:
+        """The job's spec says it is elastic: judge the Workloads that arrived before it, each
+        as first seen (the same rules as a first list), in the order they were created."""
+        job.derived = True
+        self._rebuilding = True
+        try:
+            for workload in sorted(
+                job.workloads.values(), key=lambda w: (_created(w, now), w.name)
+            ):
+                live = job.live_seen.get(workload.name, False)
+                self._hyperpod_workload(job, None, workload, 0, now, live)
+        finally:
+            self._rebuilding = False
+        self._refresh_first_seen(job, now)
+        if not all(job.live_seen.values()):
+            self._history_sizes(job)
 
     def _settle_from_status(
         self, job: JobState, old: ElasticJob | None, spec: ElasticJob, now: float
@@ -276,8 +384,10 @@ class ElasticBook:
         flavor: str,
         now: float,
         live: bool,
+        evidence: Evidence | None = None,
     ) -> JobState | None:
-        """A Workload added, changed or (new None) deleted; returns its elastic job, if any."""
+        """A Workload added, changed or (new None) deleted; returns its elastic job, if any.
+        `evidence` is what its status keeps of past admissions (parse.hyperpod)."""
         current = new if new is not None else old
         if current is None:
             return None
@@ -296,18 +406,34 @@ class ElasticBook:
             if pod_set.gpus_per_pod:
                 job.gpus_seen_per_replica = pod_set.gpus_per_pod
         if new is None:
-            self._lost(job, current, now, live)
+            if _derives(job):
+                self._lost(job, current, now, live)
             job.workloads.pop(current.name, None)
+            job.live_seen.pop(current.name, None)
+            job.evidence.pop(current.name, None)
+            job.first_seen.pop((current.name, "up"), None)
+            job.first_seen.pop((current.name, "down"), None)
             self._forget_if_empty(job)
             return job if job.key in self.jobs else None
         before = job.admitted
         job.workloads[new.name] = new
+        job.live_seen.setdefault(new.name, live)
+        if evidence is not None:
+            job.evidence[new.name] = evidence
         self._check_owner(job)
         if job.kind == HYPERPOD_KIND:
-            self._hyperpod_workload(job, old, new, before, now, live)
+            if job.elastic:
+                job.derived = True
+                self._hyperpod_workload(job, old, new, before, now, live)
+            # Not elastic: no scale events. Spec unseen: judged once it is (_derive).
         else:
-            self._slice_workload(job, old, new, now, live)
-        self._advance(job, now)
+            job.derived = True
+            self._slice_workload(job, old, new, before, now, live)
+        if not live:
+            self._refresh_first_seen(job, now)
+        self._advance(job, now, live)
+        if not live:
+            self._history_sizes(job)
         return job
 
     def _hyperpod_workload(
@@ -320,42 +446,179 @@ class ElasticBook:
         live: bool,
     ) -> None:
         if old is None:
-            self._maybe_scale_up(job, new, before, now, live)
-        event = self._event_of.get((new.uid, "up"))
+            self._maybe_scale_up(job, new, now, live)
         evicted = new.condition("Evicted")
         if (
             evicted is not None
             and evicted.status == "True"
             and (old is None or not old.is_true("Evicted"))
         ):
-            if event is not None and not event.done:
-                self._fail(event, f"evicted ({evicted.reason}) before ready", now)
-            if (old is not None and _holds_quota(old)) or (old is None and new.is_true("Admitted")):
+            if old is not None:  # watched: it held quota if the version before did
+                held = _holds_quota(old)
+                start = before
+            else:  # first seen evicted: its status says whether it held quota
+                held = self._held_quota(job, new)
+                at = evicted.last_transition
+                start = self._holding_at(job, new, at if at is not None else now) + _count(new)
+            self._evicted(job, new, evicted.reason, held, now, live)
+            if held:
                 time = evicted.last_transition or now
                 cause = "preemption" if evicted.reason == "Preempted" else ""
-                self._down(job, new, before, before - _count(new), cause, time, live)
+                event = self._down(
+                    job,
+                    new,
+                    start,
+                    start - _count(new),
+                    cause,
+                    time,
+                    live,
+                    episode=str(evicted.last_transition or ""),
+                )
+                if old is None and event is not None:
+                    job.first_seen[(new.name, "down")] = event
 
-    def _maybe_scale_up(
-        self, job: JobState, new: Workload, before: int, now: float, live: bool
-    ) -> None:
-        """A scale-up is any owned Workload created after another the job still has. A first
-        list may deliver the newer one first: then the older one is the base, and the newer
-        one gets its event when the older arrives."""
-        created = new.created if new.created is not None else now
+    def _refresh_first_seen(self, job: JobState, now: float) -> None:
+        """Recount the sizes of events rebuilt from a first list now that more of the job's
+        Workloads are known: the replicas the older ones held when a scale-up was asked for,
+        and those the others held when an eviction took one away."""
+        for (name, direction), event in job.first_seen.items():
+            workload = job.workloads.get(name)
+            if event.live or workload is None:
+                continue
+            count = _count(workload)
+            if direction == "up":
+                start = self._holding_at(job, workload, event.time, older_only=True)
+                event.from_replicas, event.to_replicas = start, start + count
+            else:
+                start = self._holding_at(job, workload, event.time) + count
+                event.from_replicas, event.to_replicas = start, max(0, start - count)
+
+    def _maybe_scale_up(self, job: JobState, new: Workload, now: float, live: bool) -> None:
+        """A scale-up is any owned Workload created after another of the job's, from the
+        replicas the older ones held when it was created. A first list may deliver the newer
+        one first: then the older one is the base, and the newer one gets its event when the
+        older arrives."""
+        created = _created(new, now)
         others = [w for w in job.workloads.values() if w.name != new.name]
-        older = [w for w in others if _created(w, now) < created or (
-            _created(w, now) == created and w.name < new.name)]  # fmt: skip
-        if older:
-            self._up(job, new, before, before + _count(new), created, live)
+        if any(_order(w, now) < _order(new, now) for w in others):
+            start = self._holding_at(job, new, created, older_only=True)
+            event = self._up(job, new, start, start + _count(new), created, live)
+            job.first_seen[(new.name, "up")] = event
         for w in others:
             if (w.uid, "up") in self._event_of or w.is_true("Finished"):
                 continue
-            if _created(w, now) > created or (_created(w, now) == created and w.name > new.name):
-                base = job.admitted - (_count(w) if _holds_quota(w) else 0)
-                self._up(job, w, base, base + _count(w), _created(w, now), live)
+            if _order(w, now) > _order(new, now):
+                at = _created(w, now)
+                start = self._holding_at(job, w, at, older_only=True)
+                seen_live = job.live_seen.get(w.name, live)
+                job.first_seen[(w.name, "up")] = self._up(
+                    job, w, start, start + _count(w), at, seen_live
+                )
+                self._late_eviction(job, w, now)
+
+    def _late_eviction(self, job: JobState, workload: Workload, now: float) -> None:
+        """A newer Workload judged after an older one arrived: if it is already evicted, its
+        event ends as a first-seen eviction's does."""
+        evicted = workload.condition("Evicted")
+        if evicted is not None and evicted.status == "True":
+            held = self._held_quota(job, workload)
+            self._evicted(job, workload, evicted.reason, held, now, False)
+
+    def _holding_at(
+        self, job: JobState, workload: Workload, at: float, older_only: bool = False
+    ) -> int:
+        """Replicas the job's other Workloads held at `at`, from their status: one holding quota
+        now held it then if it was created by then (with `older_only`, before `workload`); one
+        evicted after `at` held it until then."""
+        total = 0
+        for other in job.workloads.values():
+            if other.name == workload.name:
+                continue
+            if older_only and _order(other, at) >= _order(workload, at):
+                continue
+            if _created(other, at) > at:
+                continue
+            if _holds_quota(other):
+                total += _count(other)
+                continue
+            evicted = other.condition("Evicted")
+            if (
+                evicted is not None
+                and evicted.status == "True"
+                and evicted.last_transition is not None
+                and evicted.last_transition > at
+                and self._held_quota(job, other)
+            ):
+                total += _count(other)
+        return total
+
+    def _held_quota(self, job: JobState, workload: Workload) -> bool:
+        """Whether the Workload held quota before its eviction, by its status alone."""
+        admitted, _ = self._admitted_at(job, workload)
+        evicted = workload.condition("Evicted")
+        return admitted or (
+            evicted is not None and evicted.status == "True" and evicted.reason == "Preempted"
+        )
+
+    def _admitted_at(self, job: JobState, workload: Workload | None) -> tuple[bool, float | None]:
+        """(admitted ever, when): see the module's "Evidence" rules."""
+        if workload is None:
+            return False, None
+        cond = workload.condition("Admitted")
+        if cond is not None and cond.status == "True":
+            return True, cond.last_transition
+        seconds, evictions = job.evidence.get(workload.name, (None, None))
+        if cond is None and not seconds:
+            return False, None
+        one_cycle = (
+            evictions == 1
+        ) or (  # a HyperPod scale-up is deleted after its one eviction (1.4)
+            job.kind == HYPERPOD_KIND
+            and evictions is None
+            and (workload.uid, "up") in self._event_of
+        )
+        if (
+            seconds is not None
+            and one_cycle
+            and cond is not None
+            and cond.status == "False"
+            and cond.last_transition is not None
+        ):
+            return True, cond.last_transition - seconds
+        return True, None
+
+    def _evicted(
+        self, job: JobState, workload: Workload, reason: str, held: bool, now: float, live: bool
+    ) -> None:
+        """A scale-up Workload evicted: failed if before its pods were Ready (seen live: the
+        README's rule), else ended; first seen evicted, what its pods reached is unknown."""
+        event = self._event_of.get((workload.uid, "up"))
+        if event is None or event.done:
+            return
+        what = "preempted" if reason == "Preempted" else f"evicted ({reason})"
+        if held and "admitted" not in event.phases:
+            _, at = self._admitted_at(job, workload)
+            self._reach(event, "admitted", at)
+        if not held:
+            self._fail(event, f"{what} before admitted", now)
+        elif "ready" in event.phases:
+            event.ended = f"{what} after {event.last_phase}"
+        elif live and not self._rebuilding:
+            self._fail(event, f"{what} before its pods were Ready", now)
+        else:
+            event.ended = (
+                f"{what} after admitted (its pods are gone: whether they were scheduled and "
+                "Ready is unknown)"
+            )
 
     def _slice_workload(
-        self, job: JobState, old: Workload | None, new: Workload, now: float, live: bool
+        self,
+        job: JobState,
+        old: Workload | None,
+        new: Workload,
+        before: int,
+        now: float,
+        live: bool,
     ) -> None:
         if new.replacement_for:
             if new.replacement_for == f"{new.namespace}/{new.name}":
@@ -369,6 +632,26 @@ class ElasticBook:
                 self._up(job, new, start, _count(new), created, live, cause="user_change")
         if old is not None and _holds_quota(new) and _count(new) < _count(old):
             self._down(job, new, _count(old), _count(new), "user_change", now, live, tag="resize")
+        evicted = new.condition("Evicted")
+        if (
+            evicted is not None
+            and evicted.status == "True"
+            and (old is None or not old.is_true("Evicted"))
+        ):
+            held = _holds_quota(old) if old is not None else self._held_quota(job, new)
+            self._evicted(job, new, evicted.reason, held, now, live)
+            if held and evicted.reason == "Preempted":  # the whole Job goes: Kueue evicts it
+                time = evicted.last_transition or now
+                self._down(
+                    job,
+                    new,
+                    _count(new),
+                    0,
+                    "preemption",
+                    time,
+                    live,
+                    episode=str(evicted.last_transition or ""),
+                )
 
     def _lost(self, job: JobState, gone: Workload, now: float, live: bool) -> None:
         event = self._event_of.get((gone.uid, "up"))
@@ -385,10 +668,25 @@ class ElasticBook:
             self._down(job, gone, before, before - _count(gone), cause, now, live)
 
     def _check_owner(self, job: JobState) -> None:
-        if job.kind == HYPERPOD_KIND and self.hyperpod_served and job.spec is None:
+        """Why a HyperPod job's spec is unknown: a dump without it, a kind not listed yet (not
+        problems), or a job the listed kind does not have (a problem: "unknown")."""
+        if job.kind != HYPERPOD_KIND or job.spec is not None:
+            return
+        if self.from_dump:
+            job.unseen = NOT_IN_DUMP
+        elif self.hyperpod_served:
             job.problems["owner"] = (
                 f"its Workloads name owner {HYPERPOD_KIND}/{job.name}, which does not exist"
             )
+        else:
+            job.unseen = NOT_LISTED
+
+    def dump_lacks(self, kinds: Iterable[str]) -> None:
+        """This book is built from a dump (`topowatch explain --from`) holding no object of
+        `kinds`: a job object it lacks is "not in the dump"; without Pods, no job's running
+        replicas are known (never 0)."""
+        self.from_dump = True
+        self.pods_unseen = "the dump holds no pods" if "Pod" in set(kinds) else ""
 
     def owners_listed(self) -> None:
         """The HyperPodPyTorchJob kind listed: from now on a missing owner is a problem."""
@@ -398,12 +696,60 @@ class ElasticBook:
 
     # --- pods -----------------------------------------------------------------------------
 
-    def on_pods(self, job: JobState, bound: int, ready: int, ready_at: float, now: float) -> None:
-        """The job's pod counts changed: phases advance, the size history grows."""
-        job.bound, job.ready = bound, ready
-        if not job.sizes or job.sizes[-1][1] != ready:
-            job.sizes.append((ready_at if ready_at > 0 else now, ready))
-        self._advance(job, now, ready_at)
+    def on_pods(
+        self,
+        job: JobState,
+        bound: int,
+        ready_times: tuple[float, ...],
+        now: float,
+        live: bool = True,
+    ) -> None:
+        """The job's pods changed (`ready_times`: its Ready pods' Ready times, sorted): phases
+        advance, the size history grows (live) or is rebuilt from the objects (a first list)."""
+        ready = len(ready_times)
+        grew = ready > job.ready
+        job.bound, job.ready, job.ready_times = bound, ready, ready_times
+        if live:
+            last = job.live_sizes[-1] if job.live_sizes else None
+            if last is None and job.history_sizes:
+                last = job.history_sizes[-1]
+            if last is None or last[1] != ready:
+                at = ready_times[-1] if grew and ready_times else now
+                if last is not None:
+                    at = max(at, last[0])
+                if job.live_sizes and job.live_sizes[-1][0] == at:
+                    job.live_sizes[-1] = (at, ready)  # one moment, one size
+                else:
+                    job.live_sizes.append((at, ready))
+        else:
+            self._history_sizes(job)
+        self._advance(job, now, live)
+
+    def _history_sizes(self, job: JobState) -> None:
+        """The size history a first list's objects show: each Ready pod from its Ready time,
+        and each evicted Workload's replicas from its admission to its eviction (its pods are
+        gone, but its status says when it held them)."""
+        steps: list[tuple[float, int]] = [(t, 1) for t in job.ready_times]
+        for workload in job.workloads.values():
+            evicted = workload.condition("Evicted")
+            if evicted is None or evicted.status != "True" or evicted.last_transition is None:
+                continue
+            if workload.is_true("Admitted"):  # quota not yet released: its pods are counted
+                continue
+            admitted, at = self._admitted_at(job, workload)
+            if not admitted or at is None or at > evicted.last_transition:
+                continue
+            steps += [(at, _count(workload)), (evicted.last_transition, -_count(workload))]
+        steps.sort()
+        sizes: list[tuple[float, int]] = []
+        total = 0
+        for at, delta in steps:
+            total += delta
+            if sizes and sizes[-1][0] == at:
+                sizes[-1] = (at, total)
+            else:
+                sizes.append((at, total))
+        job.history_sizes = sizes[-SIZES_PER_JOB:]
 
     # --- time -----------------------------------------------------------------------------
 
@@ -425,9 +771,10 @@ class ElasticBook:
         time: float,
         live: bool,
         cause: str = "",
-    ) -> None:
-        if (workload.uid, "up") in self._event_of:
-            return
+    ) -> ScaleEvent:
+        known = self._event_of.get((workload.uid, "up"))
+        if known is not None:
+            return known
         if not cause:
             recent = job.generation_changed
             cause = (
@@ -438,6 +785,7 @@ class ElasticBook:
         event = self._new(job, (workload.uid, "up"), start, end, workload.name, time, live)
         event.phases["requested"] = time
         self._settle(event, cause)
+        return event
 
     def _down(
         self,
@@ -449,15 +797,24 @@ class ElasticBook:
         time: float,
         live: bool,
         tag: str = "down",
-    ) -> None:
+        episode: str = "",
+    ) -> ScaleEvent | None:
+        """One scale-down per Workload, whichever path sees it (its eviction, its deletion, a
+        relist). `episode` names an eviction (its Evicted condition's transition time): a
+        Workload requeued, admitted again and evicted again keeps its UID (Kueue's
+        workload.go: a requeue is not a new Workload), and that second eviction is a second
+        scale-down."""
         key = (f"{workload.uid}:{end}" if tag == "resize" else workload.uid, "down")
+        if key in self._event_of and episode:
+            key = (f"{workload.uid}@{episode}", "down")
         if key in self._event_of:
-            return
+            return None
         event = self._new(job, key, start, max(0, end), workload.name, time, live)
         if cause:
             self._settle(event, cause)
         else:
             self._unsettled.append(event)
+        return event
 
     def _new(
         self,
@@ -498,18 +855,23 @@ class ElasticBook:
             self.events_total[(event.direction, cause, event.cluster_queue)] += 1
 
     def _fail(self, event: ScaleEvent, why: str, now: float) -> None:
-        if event.failed:
+        if event.failed or event.ended:
             return
         event.failed = why
         event.failed_phase = event.next_phase
         if event.live:
             self.failures_total[(event.cluster_queue, _failure_phase(event.failed_phase))] += 1
 
-    def _reach(self, event: ScaleEvent, phase: str, at: float) -> None:
+    def _reach(self, event: ScaleEvent, phase: str, at: float | None) -> None:
+        """`at` None: reached at a time no object records (a first list's evidence)."""
         if phase in event.phases or event.failed:
             return
-        event.phases[phase] = max(at, event.phases.get("requested", at))
-        if event.live:
+        if at is not None:
+            start = event.phases.get("requested")
+            at = max(at, start if start is not None else at)
+        was_done = event.done
+        event.phases[phase] = at
+        if event.live and event.direction == "up" and at is not None:
             seconds = event.seconds_to(phase) or 0.0
             self.phase_sum[phase] += seconds
             self.phase_count[phase] += 1
@@ -517,38 +879,69 @@ class ElasticBook:
             for i, bound in enumerate(PHASE_BUCKETS):
                 if seconds <= bound:
                     buckets[i] += 1
+        if was_done and self.on_event is not None:  # a done event's row is written again
+            self.on_event(event)
 
-    def _advance(self, job: JobState, now: float, ready_at: float = 0.0) -> None:
-        """Move every open scale-up of the job through the phases the facts allow."""
+    def _advance(self, job: JobState, now: float, live: bool = True) -> None:
+        """Move every open scale-up of the job through the phases the facts allow; give the
+        operator's latest restart to the scale event it belongs to."""
         for event in job.events:
             if event.direction != "up" or event.done:
                 continue
             workload = job.workloads.get(event.workload)
-            admitted = workload.condition("Admitted") if workload is not None else None
             if "admitted" not in event.phases:
-                if admitted is None or admitted.status != "True":
+                admitted, at = self._admitted_at(job, workload)
+                if not admitted or (workload is not None and not _holds_quota(workload)):
                     continue
-                self._reach(event, "admitted", admitted.last_transition or now)
+                self._reach(event, "admitted", at if at is not None or not live else now)
             want = event.to_replicas
             if want is None:
                 continue
             if "scheduled" not in event.phases:
                 if job.bound < want:
                     continue
-                self._reach(event, "scheduled", now)
+                self._reach(event, "scheduled", now if live else None)
             if "ready" not in event.phases:
                 if job.ready < want:
                     continue
-                self._reach(event, "ready", ready_at or now)
+                self._reach(event, "ready", job.ready_times[want - 1])
             if job.kind == HYPERPOD_KIND and "restarted" not in event.phases:
-                spec = job.spec
-                if spec is None or spec.last_restart is None:
-                    continue
-                if spec.last_restart + READY_SLACK_S < event.phases["ready"]:
-                    continue
-                if spec.target is not None and spec.target < want:
-                    continue
-                self._reach(event, "restarted", spec.last_restart)
+                self._restarted(job, event)
+        if job.kind == HYPERPOD_KIND:
+            self._restarted_down(job)
+
+    def _restarted(self, job: JobState, event: ScaleEvent) -> None:
+        """A scale-up was restarted at its new size by the restart the status records if that
+        came after its pods were Ready at a target holding its replicas; the restart is its
+        own only if no later scale event came between (else it restarted earlier, untimed)."""
+        spec = job.spec
+        if spec is None or spec.last_restart is None or event.to_replicas is None:
+            return
+        ready = event.phases.get("ready")
+        if ready is None or spec.last_restart + READY_SLACK_S < ready:
+            return
+        if spec.target is not None and spec.target < event.to_replicas:
+            return
+        later = any(
+            other is not event and event.time < other.time <= spec.last_restart + READY_SLACK_S
+            for other in job.events
+        )
+        self._reach(event, "restarted", None if later else spec.last_restart)
+
+    def _restarted_down(self, job: JobState) -> None:
+        """The latest restart after a scale-down, with no scale event between, is the job
+        restarting at its smaller size (1.4: the operator signals, then restarts)."""
+        spec = job.spec
+        if spec is None or spec.last_restart is None or not job.events:
+            return
+        restart = spec.last_restart + READY_SLACK_S
+        times = [e.time for e in job.events if e.time <= restart]
+        if not times:
+            return
+        newest = max(times)
+        for event in job.events:
+            if event.direction == "down" and event.time == newest:
+                self._reach(event, "restarted", max(spec.last_restart, event.time))
 
     # --- bookkeeping ----------------------------------------------------------------------
 
@@ -556,6 +949,7 @@ class ElasticBook:
         job = self.jobs.get(key)
         if job is None:
             job = self.jobs[key] = JobState(key[0], key[1], key[2])
+            job.pods_unseen = self.pods_unseen
         return job
 
     def _forget_if_empty(self, job: JobState) -> None:
@@ -567,8 +961,18 @@ class ElasticBook:
                 self._event_of.pop(event.dedupe, None)
 
 
+def _derives(job: JobState) -> bool:
+    """Whether the job's Workloads make scale events: a Kueue elastic Job, or a HyperPod job
+    known to be elastic."""
+    return job.kind != HYPERPOD_KIND or job.elastic is True
+
+
 def _created(workload: Workload, now: float) -> float:
     return workload.created if workload.created is not None else now
+
+
+def _order(workload: Workload, now: float) -> tuple[float, str]:
+    return (_created(workload, now), workload.name)
 
 
 def _failure_phase(phase: str) -> str:

@@ -46,7 +46,11 @@ def render(model: ClusterModel, now: float | None, cap: int) -> Iterable[Family]
         COUNTER,
         "GPU-seconds elastic jobs ran above their minimum replicas: idle capacity they used.",
     )
-    seconds_by = {(j.flavor, team_of(j.cluster_queue)): 0.0 for j in book.jobs.values()}
+    seconds_by = {
+        (j.flavor, team_of(j.cluster_queue)): 0.0
+        for j in book.jobs.values()
+        if j.elastic is not False
+    }
     seconds_by.update(model.idle.absorbed(at))  # every elastic job's team from 0, as above
     for (flavor, team), seconds in sorted(seconds_by.items()):
         absorbed.add([("flavor", flavor), ("team", team)], seconds)
@@ -70,7 +74,7 @@ def _jobs(book: ElasticBook, cap: int) -> Iterable[Family]:
         "topowatch_elastic_jobs",
         GAUGE,
         "Elastic jobs known, by whether their size can be judged (unknown: contradictory "
-        "bounds, a missing owner, a slice replacing itself).",
+        "bounds, a missing owner or one not seen yet, a slice replacing itself).",
     )
     dropped = Family(
         "topowatch_elastic_job_series_dropped",
@@ -81,6 +85,8 @@ def _jobs(book: ElasticBook, cap: int) -> Iterable[Family]:
     shown = 0
     for key in sorted(book.jobs):
         job = book.jobs[key]
+        if job.elastic is False:  # a HyperPodPyTorchJob without elasticPolicy: not elastic
+            continue
         counts["unknown" if job.unknown else "known"] += 1
         if shown >= cap:
             continue
@@ -97,7 +103,7 @@ def _jobs(book: ElasticBook, cap: int) -> Iterable[Family]:
             failures.add(head[:2], job.spec.consecutive_failures)
     for state, n in counts.items():
         jobs.add([("state", state)], n)
-    dropped.add([], len(book.jobs) - shown)
+    dropped.add([], sum(counts.values()) - shown)
     return [replicas, failures, jobs, dropped]
 
 
@@ -110,7 +116,11 @@ def _events(book: ElasticBook) -> Iterable[Family]:
     )
     # Every queue with elastic jobs gets each series from 0: `increase` sees no first increment
     # of a counter that appears at 1.
-    queues = {job.cluster_queue for job in book.jobs.values() if job.cluster_queue}
+    queues = {
+        job.cluster_queue
+        for job in book.jobs.values()
+        if job.cluster_queue and job.elastic is not False
+    }
     counts = Counter({(d, c, q): 0 for q in queues for d in ("up", "down") for c in CAUSES})
     counts.update(book.events_total)
     for (direction, cause, queue), n in sorted(counts.items()):

@@ -7,10 +7,11 @@ to `workload_cap`; the number left out is exported so a dashboard can say so.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 
 from exporter.cluster import efa_remotes
+from exporter.cluster.capacity.levels import LevelCapacity
+from exporter.cluster.capacity.levels import flavor_levels as capacity_levels
 from exporter.cluster.capacity.quota import Answer, QuotaTree
 from exporter.cluster.metrics import elastic as elastic_metrics
 from exporter.cluster.model import ClusterModel
@@ -24,12 +25,9 @@ from exporter.core.exposition import (
     label_string,
 )
 from exporter.core.placement_metrics import workload_placement_families
-from exporter.topology.tree import LEVELS, Placement
+from exporter.topology.tree import LEVELS
 
 DOMAIN_STATES = ("allocatable", "used", "free", "unschedulable", "unavailable")
-# Exclusions that leave a node's GPUs unavailable (deep health check, EC2 scheduled event)
-# rather than unschedulable: `placement.ExclusionCause`.
-_UNAVAILABLE = frozenset({"deep-health-check", "scheduled-event"})
 
 
 def render(model: ClusterModel, workload_cap: int = 2000, now: float | None = None) -> list[Family]:
@@ -50,95 +48,10 @@ def _levels(model: ClusterModel) -> list[str]:
     return [lvl for lvl in (*LEVELS, "ultraserver") if lvl in present]
 
 
-# Why a node a flavor's nodeLabels select is still left out of the flavor's capacity: nodes
-# without the levels of the flavor's Topology are not in Kueue's TAS tree for it.
-_OUTSIDE_FLAVOR = frozenset({"flavor", "topology-label"})
-
-
-@dataclass(frozen=True, slots=True)
-class LevelCapacity:
-    """GPUs of one topology level over one flavor's nodes.
-
-    `domains` maps each domain id to [allocatable, used, unschedulable, free, unavailable];
-    `largest_free`
-    is the free GPUs of the domain with the most (ties: smallest id), as the topology tree
-    answers for the whole cluster."""
-
-    level: str
-    domains: Mapping[str, tuple[int, int, int, int, int]]
-    free: int
-    largest_free: int
-
-    @property
-    def ratio(self) -> float:
-        return 0.0 if self.free <= 0 else 1.0 - self.largest_free / self.free
-
-
 def flavor_levels(model: ClusterModel, flavor: str, levels: Sequence[str]) -> list[LevelCapacity]:
-    """Per level, the GPUs of the nodes ResourceFlavor `flavor` selects (`model.eligibility`).
-
-    A node the flavor's nodeLabels select (and that carries its Topology's levels) counts in
-    allocatable and used; its free GPUs count only when the flavor's pods may use it now
-    (Ready, not cordoned or marked unhealthy, every blocking taint tolerated), and otherwise
-    its allocatable GPUs count as unschedulable, or as unavailable when a deep health check or
-    an EC2 scheduled event keeps it out (never both). Free and used per node come from the
-    topology tree (`node_free`, `node_used`), so they agree with the flavor-less figures.
-    """
-    eligibility = model.eligibility(flavor)
-    usable = eligibility.nodes
-    unavailable_nodes = {e.node for e in eligibility.excluded if e.cause in _UNAVAILABLE}
-    members = [
-        *usable,
-        *(e.node for e in eligibility.excluded if e.cause not in _OUTSIDE_FLAVOR),
-    ]
-    tree = model.tree
-    nodes = model.nodes
-    sums: list[dict[str, list[int]]] = [{} for _ in levels]
-    getters = [_domain_of(level) for level in levels]
-    for name in members:
-        node = nodes.get(name)
-        place = tree.placement(name)
-        if node is None or place is None:
-            continue
-        allocatable = max(0, node.allocatable_gpus)
-        used = tree.node_used(name)
-        unavailable = 0
-        if name in usable:
-            free, unschedulable = tree.node_free(name), 0
-        elif name in unavailable_nodes:
-            free, unschedulable, unavailable = 0, 0, allocatable
-        else:
-            free, unschedulable = 0, allocatable
-        for per_domain, domain_of in zip(sums, getters, strict=True):
-            domain = domain_of(name, place)
-            if not domain:
-                continue
-            total = per_domain.get(domain)
-            if total is None:
-                per_domain[domain] = [allocatable, used, unschedulable, free, unavailable]
-            else:
-                total[0] += allocatable
-                total[1] += used
-                total[2] += unschedulable
-                total[3] += free
-                total[4] += unavailable
-    out = []
-    for level, per_domain in zip(levels, sums, strict=True):
-        free_total = largest = 0
-        for values in per_domain.values():
-            free_total += values[3]
-            largest = max(largest, values[3])
-        domains = {d: (v[0], v[1], v[2], v[3], v[4]) for d, v in sorted(per_domain.items())}
-        out.append(LevelCapacity(level, domains, free_total, largest))
-    return out
-
-
-def _domain_of(level: str) -> Callable[[str, Placement], str]:
-    """A node's domain id at `level` as the topology tree keys it: the node's name at "node",
-    the label value elsewhere ("" when it has none)."""
-    if level == "node":
-        return lambda name, place: name
-    return lambda name, place: place.domain_at(level) or ""
+    """Per level, the GPUs of the nodes ResourceFlavor `flavor` selects
+    (`exporter.cluster.capacity.levels.flavor_levels` on `model.eligibility(flavor)`)."""
+    return capacity_levels(model.eligibility(flavor), model.tree, model.nodes, levels)
 
 
 def _topology_families(model: ClusterModel) -> Iterable[Family]:
@@ -291,6 +204,25 @@ def _preemption_families(model: ClusterModel) -> Iterable[Family]:
             ],
             count,
         )
+    by_resource = Family(
+        "topowatch_quota_preemptions",
+        COUNTER,
+        "Quota-driven preemptions this process saw happen (topowatch_preemptions_total with "
+        'cause="quota"), by the resource whose quota the preemptor was short of (Kueue\'s '
+        'flavor assigner checks every resource, fitsResourceQuota; "" when not known).',
+    )
+    for (victim_cq, preemptor_cq, reason, resource), count in sorted(
+        model.quota_preemption_counts.items()
+    ):
+        by_resource.add(
+            [
+                ("cluster_queue", victim_cq),
+                ("preempting_cluster_queue", preemptor_cq),
+                ("reason", reason),
+                ("resource", resource),
+            ],
+            count,
+        )
     entries = Family("topowatch_preemption_ledger_entries", GAUGE, "Entries in the ledger.")
     entries.add([], len(model.ledger))
     dropped = Family(
@@ -299,7 +231,7 @@ def _preemption_families(model: ClusterModel) -> Iterable[Family]:
         "Oldest ledger entries dropped to stay within capacity.",
     )
     dropped.add([], model.ledger.dropped)
-    return [total, entries, dropped]
+    return [total, by_resource, entries, dropped]
 
 
 def _queue_families(model: ClusterModel) -> Iterable[Family]:
@@ -308,11 +240,35 @@ def _queue_families(model: ClusterModel) -> Iterable[Family]:
         GAUGE,
         "Workloads waiting for quota, by ClusterQueue and what blocks them.",
     )
+    short = Family(
+        "topowatch_pending_quota_workloads",
+        GAUGE,
+        "Workloads waiting on quota, by ClusterQueue, flavor and the resource whose quota is "
+        "short (the first: maximum capacity before unused quota), and which limit binds: "
+        "maximum_capacity (more than the queue can ever hold; only a quota change helps) or "
+        "unused_quota (preemption or finished workloads may free it).",
+    )
     counts: Counter[tuple[str, str]] = Counter()
+    by_short: Counter[tuple[str, str, str, str]] = Counter()
     for workload, why in model.pending():
-        counts[(model.cluster_queue_of(workload), why.cause)] += 1
+        queue = model.cluster_queue_of(workload)
+        counts[(queue, why.cause)] += 1
+        if why.cause == "quota" and why.short:
+            first = why.short[0]
+            limit = "maximum_capacity" if first.status == "maximum" else "unused_quota"
+            by_short[(queue, first.flavor, first.resource, limit)] += 1
     for (queue, cause), count in sorted(counts.items()):
         pending.add([("cluster_queue", queue), ("cause", cause)], count)
+    for (queue, flavor, resource, limit), count in sorted(by_short.items()):
+        short.add(
+            [
+                ("cluster_queue", queue),
+                ("flavor", flavor),
+                ("resource", resource),
+                ("limit", limit),
+            ],
+            count,
+        )
 
     wait = Family(
         "topowatch_admission_wait_seconds",
@@ -346,7 +302,46 @@ def _queue_families(model: ClusterModel) -> Iterable[Family]:
         ):
             if value is not None:  # unknown (a cohort cycle, a bad quota): no sample
                 team.add([*labels, ("state", state)], value)
-    return [pending, wait, team]
+    return [pending, short, wait, team, _quota_family(model, tree)]
+
+
+def _base_units(resource: str, amount: int) -> float:
+    """Kueue's integer to Prometheus's base unit: millicores to cores; bytes, GPUs and pods
+    as they are."""
+    return amount / 1000.0 if resource == "cpu" else float(amount)
+
+
+def _quota_family(model: ClusterModel, tree: QuotaTree) -> Family:
+    """Every (flavor, resource) of every ClusterQueue by Kueue's quota rules (the quota tree):
+    what HyperPod task governance allocates per team beyond GPUs (vCPU, memory) included."""
+    family = Family(
+        "topowatch_team_quota",
+        GAUGE,
+        "Quota per team (ClusterQueue), flavor and resource by Kueue's quota rules, in base "
+        "units (cpu in cores, memory in bytes, GPUs and pods as counts): nominal, used, "
+        "borrowed from and lent to its cohort tree, available (what it can still admit before "
+        "preempting), maximum_capacity (the most it could ever hold); absent when unknown.",
+    )
+    for name in sorted(model.cluster_queues):
+        cq = model.cluster_queues[name]
+        base = [("cluster_queue", name), ("team", team_of(name)), ("cohort", cq.cohort)]
+        for flavor, resource in tree.quotas(name):
+            line = tree.line(name, flavor, resource)
+            labels = [*base, ("flavor", flavor), ("resource", resource)]
+            nominal = (
+                line.quota.nominal if line.quota is not None and not line.quota.cause else None
+            )
+            for state, value in (
+                ("nominal", nominal),
+                ("used", line.usage),
+                ("borrowed", line.borrowed.amount),
+                ("lent", line.lent.amount),
+                ("available", line.available.amount),
+                ("maximum_capacity", line.potential.amount),
+            ):
+                if value is not None:
+                    family.add([*labels, ("state", state)], _base_units(resource, value))
+    return family
 
 
 def cohort_exchange(tree: QuotaTree, cq: ClusterQueue) -> tuple[int | None, int | None]:

@@ -19,6 +19,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from fractions import Fraction
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Final
@@ -28,9 +29,13 @@ from exporter.cluster.objects import (
     EfaFinding,
     KubeEvent,
     Node,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
     Pod,
+    Resources,
     Taint,
     Toleration,
+    amount_of,
 )
 from exporter.core.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, Finding
 from exporter.topology.labels import (
@@ -237,6 +242,296 @@ def gpu_count(value: object, path: str, problems: list[str]) -> int:
     return int(amount)
 
 
+# Kueue's quota arithmetic is integer (pkg/resources Amount): AmountFromQuantity takes
+# Quantity.MilliValue() for cpu and Quantity.Value() for every other resource, both rounded up.
+# Parsed exactly here (a float makes 0.1 CPU 100.00000000000001 millicores, then 101).
+_EXACT_QUANTITY = re.compile(
+    r"([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?\d+))?"
+)
+_DECIMAL_EXPONENT: Final[Mapping[str, int]] = {
+    "n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18,
+}  # fmt: skip
+_BINARY_EXPONENT: Final[Mapping[str, int]] = {
+    "Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60,
+}  # fmt: skip
+_MAX_QUOTA_EXPONENT: Final = 40  # exponents past 1e±40 are refused, not computed
+MILLI_RESOURCES: Final = frozenset({"cpu"})  # corev1.ResourceCPU, counted in millicores
+
+
+def quota_amount(resource: str, value: object) -> int:
+    """A quota quantity as Kueue counts it: millicores for cpu, whole units (rounded up) else.
+
+    Follows AmountFromQuantity in Kueue's pkg/resources/amount.go. Negative quantities are
+    returned as they are (the caller decides); raises ValueError naming the value when it is
+    not a Kubernetes quantity.
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"expected a quantity, got {type_name(value)} {value!r:.40}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"quantity {value!r} is not finite")
+    match = _EXACT_QUANTITY.fullmatch(str(value).strip())
+    if match is None:
+        raise ValueError(f"{value!r:.40} is not a Kubernetes quantity")
+    sign, number, suffix, exponent = match.groups()
+    amount = Fraction(number)
+    if suffix in _BINARY_EXPONENT:
+        amount *= 2 ** _BINARY_EXPONENT[suffix]
+    else:
+        power = int(exponent) if exponent is not None else _DECIMAL_EXPONENT[suffix or ""]
+        if abs(power) > _MAX_QUOTA_EXPONENT:
+            raise ValueError(f"quantity {value!r:.40} is out of range")
+        amount *= Fraction(10) ** power
+    if resource in MILLI_RESOURCES:
+        amount *= 1000
+    whole = math.ceil(amount)
+    return -whole if sign == "-" else whole
+
+
+@lru_cache(maxsize=4096)
+def _cached_amount(resource: str, value: str) -> int:
+    return quota_amount(resource, value)
+
+
+def resource_amount(resource: str, value: object, path: str, problems: list[str]) -> int | None:
+    """One entry of a requests, limits or allocatable map in Kueue's units (`quota_amount`);
+    None, with a note naming the field, when it is not a quantity or is negative. Pods and
+    Nodes repeat a handful of values, so strings are parsed once each."""
+    if type(value) is str:
+        if value.isdigit():
+            number = int(value)
+            return number * 1000 if resource in MILLI_RESOURCES else number
+        try:
+            amount = _cached_amount(resource, value)
+        except ValueError as exc:
+            problems.append(f"{path}[{resource!r}]: {exc}")
+            return None
+    elif type(value) is int:
+        amount = value * 1000 if resource in MILLI_RESOURCES else value
+    else:
+        try:
+            amount = quota_amount(resource, value)
+        except ValueError as exc:
+            problems.append(f"{path}[{resource!r}]: {exc}")
+            return None
+    if amount < 0:
+        problems.append(f"{path}[{resource!r}]: negative quantity {value!r:.40} (ignored)")
+        return None
+    return amount
+
+
+def resource_list(raw: object, path: str, problems: list[str]) -> dict[str, int]:
+    """A core/v1 ResourceList (requests, limits, allocatable, overhead) in Kueue's units.
+
+    nvidia.com/gpu keeps `gpu_count`'s rule (whole GPUs, rounded down with a note), so a
+    pod's GPUs read the same here as everywhere else; an entry that is not a quantity is left
+    out with a note, never guessed."""
+    return dict(resource_tuple(raw, path, problems))
+
+
+def resource_tuple(raw: object, path: str, problems: list[str]) -> Resources:
+    """`resource_list` as a sorted tuple. Nodes and Workloads repeat a few lists: each is
+    parsed once (only parses that left no note are kept)."""
+    if type(raw) is dict:
+        if not raw:
+            return ()
+        key: tuple[Any, ...] | None = tuple(raw.items())
+        try:
+            found = _LIST_CACHE.get(key)  # type: ignore[arg-type]
+        except TypeError:  # an unhashable value: parsed (and noted) below
+            key, found = None, None
+        if found is not None:
+            return found
+    else:
+        key = None
+    fields = mapping(raw, path, problems)
+    if not fields:
+        return ()
+    notes: list[str] = []
+    out = tuple(sorted(_resource_list(fields, path, notes).items()))
+    if notes:
+        problems.extend(notes)
+    elif key is not None:
+        if len(_LIST_CACHE) >= _CONTAINER_CACHE_MAX:
+            _LIST_CACHE.clear()
+        _LIST_CACHE[key] = out
+    return out
+
+
+_LIST_CACHE: dict[tuple[Any, ...], tuple[tuple[str, int], ...]] = {}
+
+
+def _resource_list(fields: Mapping[str, Any], path: str, problems: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, value in fields.items():
+        if type(name) is not str or not name:
+            problems.append(f"{path}: resource name {name!r:.40} is not a string (ignored)")
+            continue
+        if name == GPU_RESOURCE:  # noted at the container's resources, as ever
+            where = path.removesuffix(".requests").removesuffix(".limits")
+            out[name] = gpu_count(value, where, problems)
+            continue
+        amount = resource_amount(name, value, path, problems)
+        if amount is not None:
+            out[name] = amount
+    return out
+
+
+# Containers' resources as parsed, by their raw (requests, limits) items: pods repeat a few
+# shapes, and this runs for every Pod event. Only parses that left no note are kept.
+_CONTAINER_CACHE: dict[tuple[Any, Any], tuple[tuple[str, int], ...]] = {}
+_CONTAINER_CACHE_MAX: Final = 4096
+
+
+def _container_requests(
+    container: object, where: str, index: int, problems: list[str]
+) -> tuple[tuple[str, int], ...]:
+    """One container's requests (`where`[`index`]), each resource without a request taking
+    its limit (the API server's defaulting, core/v1 SetDefaults_Pod: "If Requests is omitted
+    for a container, it defaults to Limits if that is explicitly specified"). Amounts of 0
+    are left out. Its path is spelled out only for a note."""
+    key: tuple[Any, Any] | None = None
+    if type(container) is dict:
+        resources = container.get("resources")
+        if not resources:
+            return ()
+        if type(resources) is dict:
+            raw_requests = resources.get("requests")
+            raw_limits = resources.get("limits")
+            if (raw_requests is None or type(raw_requests) is dict) and (
+                raw_limits is None or type(raw_limits) is dict
+            ):
+                key = (
+                    tuple(raw_requests.items()) if raw_requests else (),
+                    tuple(raw_limits.items()) if raw_limits else (),
+                )
+                try:
+                    found = _CONTAINER_CACHE.get(key)
+                except TypeError:  # an unhashable value: parsed (and noted) below
+                    key, found = None, None
+                if found is not None:
+                    return found
+    path = f"{where}[{index}]"
+    notes: list[str] = []
+    fields = mapping(container, path, notes)
+    resources = mapping(fields.get("resources"), path + ".resources", notes)
+    if not resources:
+        problems.extend(notes)
+        return ()
+    raw_limits = resources.get("limits")
+    requests = resource_list(resources.get("requests"), path + ".resources.requests", notes)
+    if raw_limits:
+        limits = resource_list(raw_limits, path + ".resources.limits", notes)
+        for name, amount in limits.items():
+            if name not in requests:
+                requests[name] = amount
+    parsed = tuple(sorted((name, amount) for name, amount in requests.items() if amount > 0))
+    if notes:
+        problems.extend(notes)
+    elif key is not None:
+        if len(_CONTAINER_CACHE) >= _CONTAINER_CACHE_MAX:
+            _CONTAINER_CACHE.clear()
+        _CONTAINER_CACHE[key] = parsed
+    return parsed
+
+
+def pod_spec_requests(spec: Mapping[str, Any], path: str, problems: list[str]) -> Resources:
+    """Every resource one Pod with this spec asks the scheduler for, Kueue's units.
+
+    Per resource, the Kubernetes effective-request rule (k8s.io/component-helpers resource
+    PodRequests, which Kueue's resources.NewRequestsFromPodSpec follows): the sum over the
+    app containers and the sidecars (restartable init containers), or the largest ordinary
+    init container plus the sidecars started before it, whichever is more; plus
+    spec.overhead (the RuntimeClass's pod overhead)."""
+    containers = items(spec.get("containers"), path + ".containers", problems)
+    inits = spec.get("initContainers")
+    overhead = spec.get("overhead")
+    where = path + ".containers"
+    if len(containers) == 1 and not inits and not overhead:  # the common pod: one container
+        return _container_requests(containers[0], where, 0, problems)  # sorted, positive
+    total: dict[str, int] = {}
+    for i, container in enumerate(containers):
+        for name, amount in _container_requests(container, where, i, problems):
+            total[name] = total.get(name, 0) + amount
+    if inits:
+        sidecars: dict[str, int] = {}
+        peak: dict[str, int] = {}
+        for i, container in enumerate(items(inits, path + ".initContainers", problems)):
+            asked = dict(_container_requests(container, path + ".initContainers", i, problems))
+            if isinstance(container, Mapping) and container.get("restartPolicy") == "Always":
+                for name, amount in asked.items():
+                    sidecars[name] = sidecars.get(name, 0) + amount
+            else:
+                for name in set(asked) | set(sidecars):
+                    alone = sidecars.get(name, 0) + asked.get(name, 0)
+                    if alone > peak.get(name, 0):
+                        peak[name] = alone
+        for name, amount in sidecars.items():
+            total[name] = total.get(name, 0) + amount
+        for name, amount in peak.items():
+            if amount > total.get(name, 0):
+                total[name] = amount
+    if overhead:
+        for name, amount in resource_list(overhead, path + ".overhead", problems).items():
+            total[name] = total.get(name, 0) + amount
+    return tuple(sorted((name, amount) for name, amount in total.items() if amount > 0))
+
+
+# The operators core/v1 defines (Lt/Gt: TaintTolerationComparison, Kubernetes 1.35).
+TOLERATION_OPERATORS: Final = frozenset({"", "Equal", "Exists", "Lt", "Gt"})
+NODE_SELECTOR_OPERATORS: Final = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+
+
+def node_selector(raw: object, path: str, problems: list[str]) -> tuple[tuple[str, str], ...]:
+    """A pod spec's nodeSelector, sorted."""
+    return tuple(sorted(string_map(raw, path, problems).items()))
+
+
+def _requirements(
+    raw: object, path: str, problems: list[str]
+) -> tuple[NodeSelectorRequirement, ...]:
+    out = []
+    for i, entry in enumerate(items(raw, path, problems)):
+        where = f"{path}[{i}]"
+        fields = mapping(entry, where, problems)
+        key = text(fields.get("key"), where + ".key", problems)
+        operator = text(fields.get("operator"), where + ".operator", problems)
+        values = tuple(
+            v for v in items(fields.get("values"), where + ".values", problems) if type(v) is str
+        )
+        if operator not in NODE_SELECTOR_OPERATORS:
+            problems.append(
+                f"{where}.operator {operator!r:.40} is not one of In, NotIn, Exists,"
+                " DoesNotExist, Gt, Lt: the term matches no node (Kueue answers 'invalid"
+                " affinity node selectors')"
+            )
+        out.append(NodeSelectorRequirement(key, operator, values))
+    return tuple(out)
+
+
+def required_affinity(raw: object, path: str, problems: list[str]) -> tuple[NodeSelectorTerm, ...]:
+    """A pod spec's affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution
+    terms, () when none (preferred terms do not exclude nodes)."""
+    affinity = mapping(raw, path, problems)
+    if not affinity:
+        return ()
+    node = mapping(affinity.get("nodeAffinity"), path + ".nodeAffinity", problems)
+    where = path + ".nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    required = mapping(node.get("requiredDuringSchedulingIgnoredDuringExecution"), where, problems)
+    terms = []
+    for i, term in enumerate(
+        items(required.get("nodeSelectorTerms"), where + ".nodeSelectorTerms", problems)
+    ):
+        at = f"{where}.nodeSelectorTerms[{i}]"
+        fields = mapping(term, at, problems)
+        terms.append(
+            NodeSelectorTerm(
+                _requirements(fields.get("matchExpressions"), at + ".matchExpressions", problems),
+                _requirements(fields.get("matchFields"), at + ".matchFields", problems),
+            )
+        )
+    return tuple(terms)
+
+
 @lru_cache(maxsize=8192)
 def _parse_rfc3339(stamp: str) -> float | None:
     try:
@@ -352,14 +647,18 @@ def tolerations(raw: object, path: str, problems: list[str]) -> tuple[Toleration
         fields = mapping(entry, where, problems)
         if not fields:
             continue
-        result.append(
-            Toleration(
-                key=text(fields.get("key"), where + ".key", problems),
-                operator=text(fields.get("operator"), where + ".operator", problems),
-                value=text(fields.get("value"), where + ".value", problems),
-                effect=text(fields.get("effect"), where + ".effect", problems),
-            )
+        toleration = Toleration(
+            key=text(fields.get("key"), where + ".key", problems),
+            operator=text(fields.get("operator"), where + ".operator", problems),
+            value=text(fields.get("value"), where + ".value", problems),
+            effect=text(fields.get("effect"), where + ".effect", problems),
         )
+        if toleration.operator not in TOLERATION_OPERATORS:
+            problems.append(
+                f"{where}.operator {toleration.operator!r:.40} is not Equal, Exists, Lt or Gt:"
+                " this toleration tolerates no taint (core/v1 Toleration.ToleratesTaint)"
+            )
+        result.append(toleration)
     return tuple(result)
 
 
@@ -378,7 +677,8 @@ def object_parts(obj: object, problems: list[str]) -> tuple[Mapping[str, Any], M
 
 
 def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Node:
-    """A Node: its labels, allocatable GPUs, and whether new Pods can land on it.
+    """A Node: its labels, allocatable resources (GPUs and every other, Kueue's units), and
+    whether new Pods can land on it.
 
     Schedulable means not cordoned, Ready, and not marked Unschedulable* by HyperPod's health
     agent (which labels a node before it taints or replaces it).
@@ -389,8 +689,8 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
         labels = string_map(meta.get("labels"), "metadata.labels", notes)
         spec = mapping(body.get("spec"), "spec", notes)
         status = mapping(body.get("status"), "status", notes)
-        allocatable = mapping(status.get("allocatable"), "status.allocatable", notes)
-        gpus = gpu_count(allocatable.get(GPU_RESOURCE), "status.allocatable", notes)
+        allocatable = resource_tuple(status.get("allocatable"), "status.allocatable", notes)
+        gpus = amount_of(allocatable, GPU_RESOURCE)
         ready = False
         condition_note = ""
         for cond in items(status.get("conditions"), "status.conditions", notes):
@@ -422,6 +722,7 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
             instance_id=instance_id_of(spec.get("providerID")),
             efa_findings=efa,
             findings_read=findings_read,
+            allocatable=allocatable,
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")
@@ -503,7 +804,8 @@ def parse_pod(obj: Mapping[str, Any], problems: list[str] | None = None) -> Pod:
             uid=text(meta.get("uid"), "metadata.uid", notes),
             node=text(spec.get("nodeName"), "spec.nodeName", notes),
             phase=text(status.get("phase"), "status.phase", notes),
-            gpus=pod_spec_gpus(spec, "spec", notes),
+            # every resource, read where the GPUs were, so notes keep their order
+            gpus=amount_of((requests := pod_spec_requests(spec, "spec", notes)), GPU_RESOURCE),
             workload=text(annotations.get(WORKLOAD_ANNOTATION), "metadata.annotations", notes),
             job_uid=text(labels.get(JOB_UID_LABEL), "metadata.labels", notes),
             queue_name=text(labels.get(QUEUE_NAME_LABEL), "metadata.labels", notes),
@@ -511,6 +813,7 @@ def parse_pod(obj: Mapping[str, Any], problems: list[str] | None = None) -> Pod:
             owner_uid=owner_uid,
             ready_since=_ready_since(status.get("conditions"), notes),
             gated=bool(items(spec.get("schedulingGates"), "spec.schedulingGates", notes)),
+            requests=requests,
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")

@@ -14,6 +14,7 @@ the job does not have) is a problem: views show "unknown: <why>" for that job al
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from exporter.cluster.objects import ElasticJob, ReplicaSpec
@@ -34,6 +35,45 @@ from exporter.cluster.parse.core import (
 GROUP: Final = "sagemaker.amazonaws.com"
 KIND: Final = "HyperPodPyTorchJob"
 PLURAL: Final = "hyperpodpytorchjobs"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionEvidence:
+    """What a Workload's status keeps of admissions it no longer holds, for elastic jobs'
+    scale events (a preempted scale-up Workload lingers until its owner deletes it):
+
+    - `admitted_s`: `status.accumulatedPastExecutionTimeSeconds` (v1beta1 spells it
+      `accumulatedPastExexcutionTimeSeconds`): Kueue adds the seconds since the Admitted
+      condition's lastTransitionTime every time Admitted goes True -> False
+      (pkg/workload/admissionchecks.go `SyncAdmittedCondition`), so it is set only on a Workload
+      that was admitted, and with one admission the admission began that many seconds before
+      the Admitted=False transition;
+    - `evictions`: the sum of `status.schedulingStats.evictions[].count` (Kueue v0.14+), the
+      number of admit/evict cycles when present; None when the field is absent.
+    """
+
+    admitted_s: int | None
+    evictions: int | None
+
+
+def admission_evidence(obj: Mapping[str, Any]) -> AdmissionEvidence | None:
+    """The Workload's admission evidence, None when it carries none (never raises)."""
+    status = obj.get("status") if isinstance(obj, Mapping) else None
+    if not isinstance(status, Mapping):
+        return None
+    admitted = status.get("accumulatedPastExecutionTimeSeconds")
+    if admitted is None:
+        admitted = status.get("accumulatedPastExexcutionTimeSeconds")
+    seconds = admitted if isinstance(admitted, int) and not isinstance(admitted, bool) else None
+    evictions: int | None = None
+    stats = status.get("schedulingStats")
+    entries = stats.get("evictions") if isinstance(stats, Mapping) else None
+    if isinstance(entries, list):
+        counts = [e.get("count") for e in entries if isinstance(e, Mapping)]
+        evictions = sum(c for c in counts if isinstance(c, int) and not isinstance(c, bool))
+    if seconds is None and evictions is None:
+        return None
+    return AdmissionEvidence(seconds if seconds is None or seconds >= 0 else None, evictions)
 
 
 def _optional_int(raw: Mapping[str, Any], key: str, path: str, notes: list[str]) -> int | None:

@@ -13,10 +13,8 @@ which say so): a malformed field becomes a problem note and a default.
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Mapping, Sequence
-from fractions import Fraction
 from typing import Any, Final
 
 from exporter.cluster.objects import (
@@ -33,6 +31,7 @@ from exporter.cluster.objects import (
     PreemptionNote,
     PriorityClass,
     ResourceFlavor,
+    ResourceGroup,
     ResourceQuota,
     TopologyMode,
     TopologyRequest,
@@ -40,6 +39,7 @@ from exporter.cluster.objects import (
 )
 from exporter.cluster.parse.core import (
     JOB_UID_LABEL,
+    MILLI_RESOURCES,
     QUEUE_NAME_LABEL,
     controlling_owner,
     flag,
@@ -47,11 +47,15 @@ from exporter.cluster.parse.core import (
     integer,
     items,
     mapping,
+    node_selector,
     object_parts,
     parse_quantity,
     parse_time,
-    pod_spec_gpus,
+    pod_spec_requests,
+    quota_amount,
     report,
+    required_affinity,
+    resource_list,
     string_map,
     taints,
     text,
@@ -63,6 +67,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "KUEUE_GROUP",
+    "MILLI_RESOURCES",
     "PREEMPTED_REASONS",
     "decode_topology_assignment",
     "parse_cluster_queue",
@@ -471,12 +476,29 @@ def _pod_sets(raw: object, problems: list[str]) -> tuple[PodSetRequest, ...]:
         topology_notes: list[str] = []
         request = topology_request(fields, topology_notes)
         problems.extend(f"{where}: {note}" for note in topology_notes)
+        at = where + ".template.spec"
+        per_pod = pod_spec_requests(spec, at, problems)
+        gpus = 0
+        for name, amount in per_pod:
+            if name == GPU_RESOURCE:
+                gpus = amount
         result.append(
             PodSetRequest(
                 name=text(fields.get("name"), where + ".name", problems, DEFAULT_POD_SET),
                 count=integer(fields.get("count"), where + ".count", problems, 1),
-                gpus_per_pod=pod_spec_gpus(spec, where + ".template.spec", problems),
+                gpus_per_pod=gpus,
                 topology=request,
+                requests=per_pod,
+                # Absent in most pod sets: no parser call for what is not there.
+                tolerations=()
+                if spec.get("tolerations") is None
+                else tolerations(spec.get("tolerations"), at + ".tolerations", problems),
+                node_selector=()
+                if spec.get("nodeSelector") is None
+                else node_selector(spec.get("nodeSelector"), at + ".nodeSelector", problems),
+                affinity=()
+                if spec.get("affinity") is None
+                else required_affinity(spec.get("affinity"), at + ".affinity", problems),
             )
         )
     return tuple(result)
@@ -502,6 +524,7 @@ def _placements(
             except ValueError as exc:
                 problems.append(f"{where}.topologyAssignment: {exc}")
         raw_count = fields.get("count")
+        usage = resource_list(fields.get("resourceUsage"), where + ".resourceUsage", problems)
         result.append(
             PodSetPlacement(
                 name=name,
@@ -512,6 +535,7 @@ def _placements(
                 flavors=tuple(sorted(flavors.items())),
                 levels=levels,
                 domains=domains,
+                usage=tuple(sorted(usage.items())),
             )
         )
     return tuple(result)
@@ -666,51 +690,6 @@ def _fair_share_weight(raw: object, notes: list[str]) -> float:
     return value if value >= 0 else 1.0
 
 
-# Kueue's quota arithmetic is integer (pkg/resources Amount): AmountFromQuantity takes
-# Quantity.MilliValue() for cpu and Quantity.Value() for every other resource, both rounded up.
-# Parsed exactly here (a float makes 0.1 CPU 100.00000000000001 millicores, then 101).
-_EXACT_QUANTITY = re.compile(
-    r"([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?\d+))?"
-)
-_DECIMAL_EXPONENT: Final[Mapping[str, int]] = {
-    "n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18,
-}  # fmt: skip
-_BINARY_EXPONENT: Final[Mapping[str, int]] = {
-    "Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60,
-}  # fmt: skip
-_MAX_QUOTA_EXPONENT: Final = 40  # exponents past 1e±40 are refused, not computed
-MILLI_RESOURCES: Final = frozenset({"cpu"})  # corev1.ResourceCPU, counted in millicores
-
-
-def quota_amount(resource: str, value: object) -> int:
-    """A quota quantity as Kueue counts it: millicores for cpu, whole units (rounded up) else.
-
-    Follows AmountFromQuantity in Kueue's pkg/resources/amount.go. Negative quantities are
-    returned as they are (the caller decides); raises ValueError naming the value when it is
-    not a Kubernetes quantity.
-    """
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError(f"expected a quantity, got {type_name(value)} {value!r:.40}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"quantity {value!r} is not finite")
-    match = _EXACT_QUANTITY.fullmatch(str(value).strip())
-    if match is None:
-        raise ValueError(f"{value!r:.40} is not a Kubernetes quantity")
-    sign, number, suffix, exponent = match.groups()
-    amount = Fraction(number)
-    if suffix in _BINARY_EXPONENT:
-        amount *= 2 ** _BINARY_EXPONENT[suffix]
-    else:
-        power = int(exponent) if exponent is not None else _DECIMAL_EXPONENT[suffix or ""]
-        if abs(power) > _MAX_QUOTA_EXPONENT:
-            raise ValueError(f"quantity {value!r:.40} is out of range")
-        amount *= Fraction(10) ** power
-    if resource in MILLI_RESOURCES:
-        amount *= 1000
-    whole = math.ceil(amount)
-    return -whole if sign == "-" else whole
-
-
 def _quota_field(
     resource: str, raw: Mapping[str, Any], key: str, where: str
 ) -> tuple[int | None, str, str]:
@@ -783,6 +762,43 @@ def resource_quotas(
     return tuple(quotas), tuple(structure)
 
 
+def resource_groups(spec: Mapping[str, Any]) -> tuple[ResourceGroup, ...]:
+    """spec.resourceGroups as Kueue's flavor assigner reads them: per group the resources it
+    covers (coveredResources, else the resources its flavors name) and its flavors in order
+    (pkg/cache/scheduler/clusterqueue.go, resourcegroups). Unreadable entries are left out:
+    `resource_quotas` reports them."""
+    ignored: list[str] = []
+    out: list[ResourceGroup] = []
+    for group in items(spec.get("resourceGroups"), "spec.resourceGroups", ignored):
+        fields = mapping(group, "resourceGroups[]", ignored)
+        covered = [
+            r for r in items(fields.get("coveredResources"), "covered", ignored) if type(r) is str
+        ]
+        flavors: list[str] = []
+        for flavor in items(fields.get("flavors"), "flavors", ignored):
+            flavor_fields = mapping(flavor, "flavors[]", ignored)
+            name = text(flavor_fields.get("name"), "name", ignored)
+            if not name:
+                continue
+            flavors.append(name)
+            if not fields.get("coveredResources"):
+                for resource in items(flavor_fields.get("resources"), "resources", ignored):
+                    res = text(mapping(resource, "r", ignored).get("name"), "name", ignored)
+                    if res and res not in covered:
+                        covered.append(res)
+        out.append(ResourceGroup(tuple(covered), tuple(flavors)))
+    return tuple(out)
+
+
+def _fungibility(raw: object, notes: list[str]) -> tuple[str, str]:
+    """spec.flavorFungibility (whenCanBorrow, whenCanPreempt), "" where unset."""
+    fields = mapping(raw, "spec.flavorFungibility", notes)
+    return (
+        text(fields.get("whenCanBorrow"), "spec.flavorFungibility.whenCanBorrow", notes),
+        text(fields.get("whenCanPreempt"), "spec.flavorFungibility.whenCanPreempt", notes),
+    )
+
+
 def _reservation(raw: object) -> tuple[tuple[str, str, int], ...]:
     """status.flavorsReservation as (flavor, resource, total); unreadable entries are left out."""
     ignored: list[str] = []  # the GPU totals are already noted by _gpu_usage
@@ -835,6 +851,8 @@ def parse_cluster_queue(obj: Mapping[str, Any], problems: list[str] | None = Non
             quotas=quotas,
             quota_problems=quota_problems,
             reservation=_reservation(status.get("flavorsReservation")),
+            resource_groups=resource_groups(spec),
+            flavor_fungibility=_fungibility(spec.get("flavorFungibility"), notes),
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")

@@ -18,7 +18,12 @@ rather than trust it. Rules, per ClusterQueue (a HyperPod team):
 - topology mode: jobs waiting on topology whose pods a preferred request would have placed on
   their flavor's free capacity: it would have started them;
 - borrowing limit for teams that borrow in most of the window; lending limit for quota that
-  idles.
+  idles;
+- every other resource of the quota (HyperPod task governance allocates vCPU and memory per
+  team beside GPUs): where jobs wait on a resource's quota (Kueue's flavor assigner found it
+  short, `fitsResourceQuota`), nominal up to what the queue uses plus what waits, in that
+  resource's units; those jobs count as no demand for GPU quota, and a team whose jobs wait
+  on another resource is never told to cut its GPU quota (what it would use is not observed).
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from exporter.cluster.capacity.placement import Fit, NodeFreeMap, fit
+from exporter.cluster.capacity.quota import kueue_quantity
 from exporter.cluster.model import ClusterModel
-from exporter.cluster.objects import ClusterQueue, FlavorQuota, Node, team_of
+from exporter.cluster.objects import GPU_RESOURCE, ClusterQueue, FlavorQuota, Node, team_of
 from exporter.cluster.parse.core import parse_quantity as core_parse_quantity
 from exporter.cluster.quota.history import JobShape, QueueSummary, QuotaHistory
 from exporter.topology.labels import LAYER_KEYS, Placement
@@ -87,6 +93,9 @@ class Recommendation:
     evidence: Mapping[str, float] = field(default_factory=dict)
     flavor: str = ""
     level: str = ""  # the topology level a topology_* recommendation is about
+    # The quota's resource; `current` and `recommended` are in its Kueue units (GPUs,
+    # millicores of cpu, bytes of memory).
+    resource: str = GPU_RESOURCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +117,7 @@ def advise(
     model: ClusterModel, history: QuotaHistory, now: float, config: AdvisorConfig | None = None
 ) -> list[Recommendation]:
     """Every recommendation for every queue, sorted by queue then kind; at most one per
-    (queue, kind), so metric series never collide."""
+    (queue, kind, resource), so metric series never collide."""
     config = config or AdvisorConfig()
     summaries = history.summaries()
     shapes = ShapeCapacity(model)
@@ -121,6 +130,10 @@ def advise(
             continue
         unplaceable = _unplaceable_quota_wait(shapes, cq, summary)
         wants[name] = _nominal_want(cq, summary, config, unplaceable)
+    for name in sorted(summaries):
+        queue = model.cluster_queues.get(name)
+        if queue is not None:
+            recs.extend(_resource_recs(queue, summaries[name], config))
     recs.extend(
         _with_idle_evidence(model, r, now) for r in _nominal_recs(model, wants, summaries, config)
     )
@@ -238,6 +251,8 @@ def _nominal_want(
         return keep
     if s.topology_waiting_fraction >= config.topology_wait_fraction or unplaceable > 0:
         return keep  # its jobs wait on topology: what it would use is not observed
+    if any(f >= config.topology_wait_fraction for f in s.resource_waiting_fraction.values()):
+        return keep  # its jobs wait on another resource's quota: GPU use is not observed
     floor = max(s.busiest_used, all_demand * config.headroom, largest_quota_wait, gran)
     target = _round_up(floor, gran) - others
     if target < quota.nominal and _worth_changing(quota.nominal, target, config):
@@ -372,6 +387,69 @@ def fair_split(
             remaining -= asked[name]
             active.remove(name)
     return granted
+
+
+# --- other resources --------------------------------------------------------------------------
+
+# What a quota of each resource is rounded up to: whole cores, whole GiB, whole units.
+_GRANULE = {"cpu": 1000, "memory": 2**30, "ephemeral-storage": 2**30}
+
+
+def _resource_recs(
+    cq: ClusterQueue, s: QueueSummary, config: AdvisorConfig
+) -> list[Recommendation]:
+    """Nominal quota of a resource other than GPUs, where the queue's jobs waited on it.
+
+    Demand is Kueue's own count for that (flavor, resource): what the queue's workloads hold
+    (usage, clusterqueue.go updateWorkloadUsage) plus what the workloads waiting on that
+    resource's quota request (flavorassigner.go `fitsResourceQuota` found it short), averaged
+    over the window; the advice is that, rounded up to whole cores or GiB, when it exceeds the
+    nominal quota by at least one granule and `change_tolerance`."""
+    recs: list[Recommendation] = []
+    window = _window_words(s)
+    for fr, waiting in sorted(s.avg_resource_wait.items()):
+        flavor, resource = fr
+        if waiting <= 0:
+            continue
+        used = s.avg_resource_used.get(fr, 0.0)
+        nominal = s.resource_nominal.get(fr, 0)
+        granule = _GRANULE.get(resource, 1)
+        target = _round_up(used + waiting, granule)
+        diff = target - nominal
+        if diff < granule or diff < config.change_tolerance * nominal:
+            continue
+        fraction = s.resource_waiting_fraction.get(fr, 0.0)
+
+        def amount(value: float, resource: str = resource) -> str:
+            return kueue_quantity(resource, math.ceil(value))
+
+        recs.append(
+            Recommendation(
+                cluster_queue=cq.name,
+                team=team_of(cq.name),
+                kind="nominal",
+                current=nominal,
+                recommended=target,
+                reason=DEMAND_ABOVE_NOMINAL,
+                detail=(
+                    f"jobs waited on {resource} quota in {flavor} {fraction:.0%} of the time"
+                    f" {window}: it used {amount(used)} of {resource} on average and kept"
+                    f" {amount(waiting)} more waiting on that quota, against a nominal quota of"
+                    f" {amount(nominal)}; {amount(target)} covers them (more GPUs would not"
+                    " start them)"
+                ),
+                evidence={
+                    "avg_used": round(used, 2),
+                    "avg_waiting": round(waiting, 2),
+                    "waiting_fraction": round(fraction, 3),
+                    "nominal": float(nominal),
+                    "window_hours": round(s.seconds / 3600.0, 2),
+                },
+                flavor=flavor,
+                resource=resource,
+            )
+        )
+    return recs
 
 
 # --- borrowing and lending limits -------------------------------------------------------------

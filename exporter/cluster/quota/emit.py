@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from exporter.cluster.capacity.quota import kueue_quantity
 from exporter.cluster.objects import GPU_RESOURCE, ClusterQueue
 from exporter.cluster.quota.advisor import Recommendation, parse_quantity
 
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from botocore.model import StructureShape
 
 QUOTA_KINDS = frozenset({"nominal", "borrowing_limit", "lending_limit"})
+# ComputeQuotaResourceConfig's fields for Kueue's resources, and Kueue's units per field unit:
+# VCpu in cores (Kueue counts millicores), MemoryInGiB in GiB (Kueue counts bytes).
+_HYPERPOD_FIELDS = {"cpu": ("VCpu", 1000), "memory": ("MemoryInGiB", 2**30)}
 _UPDATE_OPERATION = "UpdateComputeQuota"
 
 
@@ -139,6 +143,19 @@ def hyperpod_requests(
                 f"{team}: {rec.kind} for flavor {rec.flavor!r} left out: not a HyperPod "
                 "instance type"
             )
+        unsupported = [
+            r
+            for r in team_recs
+            if r not in skipped
+            and r.resource != GPU_RESOURCE
+            and (r.kind != "nominal" or r.resource not in _HYPERPOD_FIELDS)
+        ]
+        for rec in unsupported:
+            out.notes.append(
+                f"{team}: {rec.kind} of {rec.resource} for {rec.flavor!r} left out: HyperPod's"
+                " ComputeQuotaResources set accelerators, vCPU and memory (GiB) only"
+            )
+        skipped += unsupported
         for rec in team_recs:
             if rec not in skipped:
                 _apply_to_config(config, rec)
@@ -178,7 +195,13 @@ def config_from_queue(queue: ClusterQueue) -> dict[str, Any]:
 
 def _apply_to_config(config: dict[str, Any], rec: Recommendation) -> None:
     sharing = config.setdefault("ResourceSharingConfig", {"Strategy": "LendAndBorrow"})
-    if rec.kind == "nominal":
+    if rec.kind == "nominal" and rec.resource != GPU_RESOURCE:
+        entries = config.setdefault("ComputeQuotaResources", [])
+        entry = _entry_for(entries, rec.flavor)
+        entry.pop("Count", None)  # whole instances would override the per-resource amounts
+        field_name, scale = _HYPERPOD_FIELDS[rec.resource]
+        entry[field_name] = rec.recommended / scale
+    elif rec.kind == "nominal":
         entries = config.setdefault("ComputeQuotaResources", [])
         entry = _entry_for(entries, rec.flavor)
         entry.pop("Count", None)  # whole instances would override the accelerator count
@@ -264,7 +287,8 @@ def kueue_patches(
 ) -> Emitted:
     """A JSON merge patch per ClusterQueue with quota advice: its whole spec.resourceGroups
     (a merge patch replaces lists) with the advised nominalQuota / borrowingLimit /
-    lendingLimit of nvidia.com/gpu in the advised flavor. `cluster_queues` are the current raw
+    lendingLimit of the advised resource (nvidia.com/gpu, cpu, memory, ...) in the advised
+    flavor. `cluster_queues` are the current raw
     objects by name; each item is {cluster_queue, patch, command}."""
     out = Emitted()
     by_queue: dict[str, list[Recommendation]] = {}
@@ -280,16 +304,19 @@ def kueue_patches(
             continue
         groups = copy.deepcopy(groups)
         for rec in queue_recs:
-            resource = _gpu_resource(groups, rec.flavor)
+            resource = _resource_entry(groups, rec.flavor, rec.resource)
             if resource is None:
-                out.notes.append(f"{name}: {rec.kind} left out: no {GPU_RESOURCE} in {rec.flavor}")
+                out.notes.append(f"{name}: {rec.kind} left out: no {rec.resource} in {rec.flavor}")
                 continue
             field_name = {
                 "nominal": "nominalQuota",
                 "borrowing_limit": "borrowingLimit",
                 "lending_limit": "lendingLimit",
             }[rec.kind]
-            resource[field_name] = rec.recommended
+            value: int | str = rec.recommended
+            if rec.resource != GPU_RESOURCE:  # a quantity as Kueue writes it: "96", "2Ti"
+                value = kueue_quantity(rec.resource, rec.recommended)
+            resource[field_name] = value
         for group in groups:
             for flavor in _list(group, "flavors"):
                 for resource in _list(flavor, "resources"):
@@ -303,13 +330,13 @@ def kueue_patches(
     return out
 
 
-def _gpu_resource(groups: list[Any], flavor: str) -> dict[str, Any] | None:
+def _resource_entry(groups: list[Any], flavor: str, name: str) -> dict[str, Any] | None:
     for group in groups:
         for item in _list(group, "flavors"):
             if item.get("name") != flavor:
                 continue
             for resource in _list(item, "resources"):
-                if resource.get("name") == GPU_RESOURCE:
+                if resource.get("name") == name:
                     return resource
     return None
 

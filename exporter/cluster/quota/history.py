@@ -13,15 +13,16 @@ from __future__ import annotations
 import logging
 from collections import Counter, deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from exporter.cluster.capacity.placement import place
+from exporter.cluster.capacity.quota import QuotaTree
 from exporter.cluster.metrics.render import cohort_exchange
 from exporter.cluster.model import ClusterModel
-from exporter.cluster.objects import PodSetRequest, Workload
+from exporter.cluster.objects import GPU_RESOURCE, PodSetRequest, Workload
 
 log = logging.getLogger(__name__)
 
+FlavorResource = tuple[str, str]
 DAY_S = 86_400.0
 MAX_SHAPES_PER_BUCKET = 64  # distinct job shapes kept per queue and bucket; the rest counted
 
@@ -70,6 +71,13 @@ class QueueTotals:
     preemptions_caused: int = 0
     shapes: dict[JobShape, float] = field(default_factory=dict)  # seconds seen
     shapes_dropped: int = 0
+    # Every other resource of the queue's quota (cpu, memory, ...), per (flavor, resource) in
+    # Kueue's units: usage, and what workloads waiting on that resource's quota request
+    # (amount-seconds); the latest nominal quota.
+    resource_used_s: dict[FlavorResource, float] = field(default_factory=dict)
+    resource_wait_s: dict[FlavorResource, float] = field(default_factory=dict)
+    resource_nominal: dict[FlavorResource, int] = field(default_factory=dict)
+    resource_waiting_s: dict[FlavorResource, float] = field(default_factory=dict)
 
     def add(self, other: QueueTotals) -> None:
         self.seconds += other.seconds
@@ -91,6 +99,13 @@ class QueueTotals:
         for shape, seconds in other.shapes.items():
             self.shapes[shape] = self.shapes.get(shape, 0.0) + seconds
         self.shapes_dropped += other.shapes_dropped
+        for fr, amount_s in other.resource_used_s.items():
+            self.resource_used_s[fr] = self.resource_used_s.get(fr, 0.0) + amount_s
+        for fr, amount_s in other.resource_wait_s.items():
+            self.resource_wait_s[fr] = self.resource_wait_s.get(fr, 0.0) + amount_s
+        self.resource_nominal.update(other.resource_nominal)  # later buckets win
+        for fr, seconds in other.resource_waiting_s.items():
+            self.resource_waiting_s[fr] = self.resource_waiting_s.get(fr, 0.0) + seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +134,12 @@ class QueueSummary:
     preemptions_caused: int
     shapes: Mapping[JobShape, float]  # seconds each shape was seen (summed over workloads)
     avg_absorbed: float = 0.0  # GPUs elastic jobs used above their minimum, on average
+    # Other resources per (flavor, resource), Kueue's units: average usage, average request
+    # of the workloads waiting on that resource's quota, and the latest nominal quota.
+    avg_resource_used: Mapping[FlavorResource, float] = field(default_factory=dict)
+    avg_resource_wait: Mapping[FlavorResource, float] = field(default_factory=dict)
+    resource_nominal: Mapping[FlavorResource, int] = field(default_factory=dict)
+    resource_waiting_fraction: Mapping[FlavorResource, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +155,9 @@ class _Observation:
     topology_fit_if_preferred: int
     shapes: tuple[JobShape, ...]
     absorbed: int = 0
+    resource_used: tuple[tuple[FlavorResource, int], ...] = ()
+    resource_wait: tuple[tuple[FlavorResource, int], ...] = ()
+    resource_nominal: tuple[tuple[FlavorResource, int], ...] = ()
 
 
 class QuotaHistory:
@@ -274,6 +298,12 @@ class QuotaHistory:
             preemptions_caused=total.preemptions_caused,
             shapes=dict(total.shapes),
             avg_absorbed=_avg(total.absorbed_gpu_s, secs),
+            avg_resource_used={fr: _avg(v, secs) for fr, v in total.resource_used_s.items()},
+            avg_resource_wait={fr: _avg(v, secs) for fr, v in total.resource_wait_s.items()},
+            resource_nominal=dict(total.resource_nominal),
+            resource_waiting_fraction={
+                fr: _avg(v, secs) for fr, v in total.resource_waiting_s.items()
+            },
         )
 
     def summaries(self) -> dict[str, QueueSummary]:
@@ -310,6 +340,13 @@ def _accumulate(totals: QueueTotals, seen: _Observation, step: float) -> None:
         totals.borrowing_s += step
     totals.peak_used = max(totals.peak_used, seen.used)
     totals.peak_borrowed = max(totals.peak_borrowed, seen.borrowed)
+    for fr, amount in seen.resource_used:
+        totals.resource_used_s[fr] = totals.resource_used_s.get(fr, 0.0) + amount * step
+    for fr, amount in seen.resource_wait:
+        totals.resource_wait_s[fr] = totals.resource_wait_s.get(fr, 0.0) + amount * step
+        if amount > 0:
+            totals.resource_waiting_s[fr] = totals.resource_waiting_s.get(fr, 0.0) + step
+    totals.resource_nominal.update(seen.resource_nominal)
     for shape in seen.shapes:
         if shape in totals.shapes or len(totals.shapes) < MAX_SHAPES_PER_BUCKET:
             totals.shapes[shape] = totals.shapes.get(shape, 0.0) + step
@@ -354,22 +391,9 @@ def _shape(workload: Workload, state: str, cause: str = "") -> JobShape:
 
 def _preferred_would_place(model: ClusterModel, workload: Workload, flavor: str) -> bool:
     """Whether a preferred request at the level the workload requires could place its pods now
-    on the nodes its flavor selects (`placement.place`: the level, each level up, then spread;
-    whole pods per node)."""
-    pod_set = required_pod_set(workload)
-    if pod_set is None:
-        return False
-    spec = model.flavors.get(flavor)
-    topology = model.topologies.get(spec.topology_name) if spec is not None else None
-    answer = place(
-        model.tree,
-        model.eligibility(flavor).nodes,
-        replace(pod_set.topology, mode="preferred"),
-        pod_set.count,
-        pod_set.gpus_per_pod,
-        levels=topology.levels if topology is not None else None,
-    )
-    return answer.placeable
+    on the nodes its flavor selects (`ClusterModel.preferred_would_place`: the level, each
+    level up, then spread; whole pods per node, every resource counted)."""
+    return model.preferred_would_place(workload, flavor)
 
 
 def _observe(model: ClusterModel) -> dict[str, _Observation]:
@@ -390,6 +414,7 @@ def _observe(model: ClusterModel) -> dict[str, _Observation]:
         name = model.cluster_queue_of(workload)
         if name:
             shapes.setdefault(name, []).append(_shape(workload, "admitted"))
+    waiting: dict[str, Counter[FlavorResource]] = {}
     for workload, cause in model.pending():
         name = model.cluster_queue_of(workload)
         if not name:
@@ -397,7 +422,15 @@ def _observe(model: ClusterModel) -> dict[str, _Observation]:
         shapes.setdefault(name, []).append(_shape(workload, "pending", cause.cause))
         gpus = workload.gpus_requested
         if cause.cause == "quota":
-            pending_quota[name] += gpus
+            short = [c for c in cause.short if c.status in ("maximum", "unused")]
+            # A job waiting on memory is no demand for GPU quota: more GPUs would not start it.
+            if not short or any(c.resource == GPU_RESOURCE for c in short):
+                pending_quota[name] += gpus
+            asked = dict(workload.total_requests)
+            for check in short:
+                if check.resource != GPU_RESOURCE:
+                    fr = (check.flavor, check.resource)
+                    waiting.setdefault(name, Counter())[fr] += asked.get(check.resource, 0)
         elif cause.cause == "topology":
             pending_topology[name] += gpus
             flavor, _ = model.quota_for(workload, tree)
@@ -426,5 +459,27 @@ def _observe(model: ClusterModel) -> dict[str, _Observation]:
             topology_fit_if_preferred=fit_if_preferred[name],
             shapes=tuple(shapes.get(name, ())),
             absorbed=absorbed[name],
+            **_other_resources(tree, name, waiting.get(name)),
         )
     return out
+
+
+def _other_resources(
+    tree: QuotaTree, queue: str, waiting: Counter[FlavorResource] | None
+) -> dict[str, tuple[tuple[FlavorResource, int], ...]]:
+    """The queue's quota of every resource but GPUs (cpu, memory, ...): usage and nominal
+    from the quota tree, and what waits on each."""
+    used: list[tuple[FlavorResource, int]] = []
+    nominal: list[tuple[FlavorResource, int]] = []
+    for flavor, resource in tree.quotas(queue):
+        if resource == GPU_RESOURCE:
+            continue
+        held_nominal, usage = tree.held(queue, flavor, resource)
+        used.append(((flavor, resource), usage))
+        nominal.append(((flavor, resource), held_nominal))
+    wait = tuple(sorted((waiting or Counter()).items()))
+    return {
+        "resource_used": tuple(used),
+        "resource_wait": wait,
+        "resource_nominal": tuple(nominal),
+    }

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from exporter.cluster.model import ClusterModel
+from exporter.cluster.objects import GPU_RESOURCE
 from exporter.cluster.quota.advisor import KINDS, REASONS, Recommendation
 from exporter.core.exposition import GAUGE, Family
 
@@ -23,6 +24,7 @@ def recommendations_view(recs: Iterable[Recommendation]) -> list[dict[str, Any]]
             "team": r.team,
             "kind": r.kind,
             "flavor": r.flavor,
+            "resource": r.resource,
             "level": r.level,
             "current": r.current,
             "recommended": r.recommended,
@@ -58,13 +60,15 @@ def recommendation_from_view(item: Mapping[str, Any]) -> Recommendation | None:
             evidence={str(k): float(v) for k, v in evidence.items()},
             flavor=str(item.get("flavor") or ""),
             level=str(item.get("level") or ""),
+            resource=str(item.get("resource") or GPU_RESOURCE),
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
 
 def quota_families(recs: Iterable[Recommendation], model: ClusterModel) -> list[Family]:
-    """`topowatch_quota_recommended_gpus` and `topowatch_quota_current_gpus` per queue and kind.
+    """`topowatch_quota_recommended_gpus` and `topowatch_quota_current_gpus` per queue and kind
+    (GPU advice), and `topowatch_quota_recommended` per queue, kind, flavor and resource.
 
     `model` is accepted so the service can pass what it renders everything else from; the
     figures come from the recommendations alone."""
@@ -82,14 +86,42 @@ def quota_families(recs: Iterable[Recommendation], model: ClusterModel) -> list[
         "The current value the quota advisor compares against, per ClusterQueue and kind "
         "(absent for a limit that is not set).",
     )
+    amount = Family(
+        "topowatch_quota_recommended",
+        GAUGE,
+        "What the quota advisor recommends for a quota field (nominal, borrowing_limit, "
+        "lending_limit), per ClusterQueue, flavor and resource, in base units (cpu in cores, "
+        "memory in bytes, GPUs as a count): cpu and memory advice lives here only.",
+    )
     seen: set[tuple[str, str]] = set()
+    seen_amounts: set[tuple[str, str, str, str]] = set()
     for rec in recs:
+        if rec.reason not in REASONS:
+            continue
+        if rec.flavor and rec.kind in ("nominal", "borrowing_limit", "lending_limit"):
+            key4 = (rec.cluster_queue, rec.kind, rec.flavor, rec.resource)
+            if key4 not in seen_amounts:
+                seen_amounts.add(key4)
+                scale = 1000.0 if rec.resource == "cpu" else 1.0
+                amount.add(
+                    [
+                        ("cluster_queue", rec.cluster_queue),
+                        ("team", rec.team),
+                        ("kind", rec.kind),
+                        ("reason", rec.reason),
+                        ("flavor", rec.flavor),
+                        ("resource", rec.resource),
+                    ],
+                    rec.recommended / scale,
+                )
+        if rec.resource != GPU_RESOURCE:
+            continue  # the two families below count GPUs
         key = (rec.cluster_queue, rec.kind)
-        if key in seen or rec.reason not in REASONS:
+        if key in seen:
             continue
         seen.add(key)
         base = [("cluster_queue", rec.cluster_queue), ("team", rec.team), ("kind", rec.kind)]
         recommended.add([*base, ("reason", rec.reason)], rec.recommended)
         if rec.current is not None:
             current.add(base, rec.current)
-    return [recommended, current]
+    return [recommended, current, amount]

@@ -12,6 +12,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from exporter.cluster.capacity.levels import flavor_levels
 from exporter.cluster.explain import explain_text, job_text
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import Node, Pod
@@ -106,10 +107,18 @@ def topology_picture(model: ClusterModel) -> TopologyPicture:
             unhealthy=unhealthy_reason(node),
             slots=tuple(slots) + (None,) * max(0, node.allocatable_gpus - len(slots)),
         )
+    levels = list(model.tree.levels_present())
+    split: dict[tuple[str, str], dict[str, int]] = {}
+    for flavor in sorted(model.flavors):
+        eligibility = model.eligibility(flavor)
+        for capacity in flavor_levels(eligibility, model.tree, model.nodes, levels):
+            for domain, values in capacity.domains.items():
+                split.setdefault((capacity.level, domain), {})[flavor] = values[3]
     return TopologyPicture(
         tree=render_tree(model.tree),
         fragmentation=views.topology_view(model)["fragmentation"],
         nodes=tiles,
+        flavor_free={key: flavors for key, flavors in split.items() if len(flavors) > 1},
     )
 
 
@@ -144,20 +153,32 @@ def topology_page(picture: TopologyPicture, highlight: str = "") -> str:
 
 
 def _fragmentation_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    out = [
-        '<h2>Free GPUs by level</h2><table class="fragmentation"><tr><th>level</th>'
-        "<th>domains</th><th>free GPUs</th><th>largest free block</th><th>in domain</th>"
-        "<th>fragmentation</th></tr>"
-    ]
+    """One table per ResourceFlavor: a job runs on one flavor's nodes, so free GPUs of
+    different instance types are never added together (views.fragmentation_rows)."""
+    by_flavor: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
+        by_flavor.setdefault(str(row.get("flavor") or ""), []).append(row)
+    if not by_flavor:
+        by_flavor[""] = []
+    out: list[str] = []
+    for flavor, flavor_rows in by_flavor.items():
+        title = f" — flavor {escape(flavor)}" if flavor else ""
         out.append(
-            f'<tr data-level="{escape(str(row["level"]))}"><td>{escape(str(row["level"]))}</td>'
-            f"<td>{int(row['domains'])}</td><td>{int(row['free'])}</td>"
-            f'<td class="largest-free">{int(row["largest_free"])}</td>'
-            f"<td>{escape(str(row['largest_domain']) or '-')}</td>"
-            f"<td>{float(row['fragmentation_ratio']):.0%}</td></tr>"
+            f'<h2>Free GPUs by level{title}</h2><table class="fragmentation"'
+            f' data-flavor="{escape(flavor)}"><tr><th>level</th>'
+            "<th>domains</th><th>free GPUs</th><th>largest free block</th><th>in domain</th>"
+            "<th>fragmentation</th></tr>"
         )
-    out.append("</table>")
+        for row in flavor_rows:
+            out.append(
+                f'<tr data-level="{escape(str(row["level"]))}">'
+                f"<td>{escape(str(row['level']))}</td>"
+                f"<td>{int(row['domains'])}</td><td>{int(row['free'])}</td>"
+                f'<td class="largest-free">{int(row["largest_free"])}</td>'
+                f"<td>{escape(str(row['largest_domain']) or '-')}</td>"
+                f"<td>{float(row['fragmentation_ratio']):.0%}</td></tr>"
+            )
+        out.append("</table>")
     return "".join(out)
 
 
@@ -224,8 +245,9 @@ def workload_page(view: Mapping[str, Any]) -> str:
         job_link = (
             f"/ui/jobs/{quote(elastic['namespace'], safe='')}/{quote(elastic['name'], safe='')}"
         )
+        heading = "Elastic job" if elastic.get("elastic") else "Job"  # elastic or not: its spec
         body.append(
-            f'<h2>Elastic job <a href="{escape(job_link)}">{escape(str(elastic["name"]))}</a></h2>'
+            f'<h2>{heading} <a href="{escape(job_link)}">{escape(str(elastic["name"]))}</a></h2>'
             f"<p>{escape(str(elastic['summary']))}</p>" + _scale_table(elastic["scale_events"])
         )
     suffered = view.get("preemptions_suffered", [])
@@ -261,14 +283,15 @@ def _scale_table(events: Sequence[Mapping[str, Any]]) -> str:
     ]
     for e in events:
         took = e.get("seconds_to") or {}
-        phases = " / ".join(
-            f"{took[p]:.0f}" if p in took else "-"
+        reached = e.get("phases") or {}
+        phases = " / ".join(  # "?": reached at a time no object records
+            f"{took[p]:.0f}" if p in took else ("?" if p in reached else "-")
             for p in ("admitted", "scheduled", "ready", "restarted")
         )
         outcome = (
             f"failed before {e['failed_phase']}: {e['failed']}"
             if e.get("failed")
-            else ("done" if e.get("done") else "in progress")
+            else e.get("ended") or ("done" if e.get("done") else "in progress")
         )
         replicas = f"{e['from_replicas'] if e['from_replicas'] is not None else '?'} → " + (
             f"{e['to_replicas'] if e['to_replicas'] is not None else '?'}"

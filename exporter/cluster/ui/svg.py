@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -55,6 +55,9 @@ class TopologyPicture:
     tree: list[dict[str, Any]]  # exporter.topology.tree.render_tree
     fragmentation: list[dict[str, Any]]  # views.topology_view()["fragmentation"]
     nodes: Mapping[str, NodeTile]
+    # (level, domain) -> ResourceFlavor -> free GPUs, for domains holding nodes of several
+    # flavors: their free GPUs are shown per flavor, never as one sum no job could use.
+    flavor_free: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
 
 
 def team_of(namespace: str) -> str:
@@ -110,10 +113,18 @@ def _draw(
     x = depth * INDENT + 2
     start = len(parts)
     parts.append("")  # the box, filled in once its height is known
-    title = (
-        f"{entry.get('level', '')} {entry.get('domain', '')} · {entry.get('free', 0)} free of "
-        f"{entry.get('allocatable', 0)} GPUs ({entry.get('nodes', 0)} nodes)"
-    )
+    split = picture.flavor_free.get((str(entry.get("level", "")), str(entry.get("domain", ""))))
+    if split and len(split) > 1:
+        free = ", ".join(f"{count} {flavor}" for flavor, count in sorted(split.items()))
+        title = (
+            f"{entry.get('level', '')} {entry.get('domain', '')} · free by flavor: {free} "
+            f"(of {entry.get('allocatable', 0)} GPUs, {entry.get('nodes', 0)} nodes)"
+        )
+    else:
+        title = (
+            f"{entry.get('level', '')} {entry.get('domain', '')} · {entry.get('free', 0)} free "
+            f"of {entry.get('allocatable', 0)} GPUs ({entry.get('nodes', 0)} nodes)"
+        )
     parts.append(f'<text class="domain-title" x="{x + 6}" y="{y + 15}">{escape(title)}</text>')
     bottom = y + HEADER_H
     for child in entry.get("children", []):

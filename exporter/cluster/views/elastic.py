@@ -32,6 +32,7 @@ def event_view(event: ScaleEvent) -> dict[str, Any]:
         "done": event.done,
         "failed": event.failed or None,
         "failed_phase": event.failed_phase or None,
+        "ended": event.ended or None,
         "observed": "live" if event.live else "history",
     }
 
@@ -50,13 +51,14 @@ def job_view(model: ClusterModel, job: JobState) -> dict[str, Any]:
         "kind": job.kind,
         "uid": job.uid,
         "summary": job.summary(),
+        "elastic": job.elastic,
         "unknown": job.unknown or None,
         "cluster_queue": job.cluster_queue,
         "team": team_of(job.cluster_queue),
         "flavor": job.flavor,
         "replicas": {
-            "running": job.ready,
-            "bound": job.bound,
+            "running": None if job.pods_unseen else job.ready,
+            "bound": None if job.pods_unseen else job.bound,
             "admitted": job.admitted,
             "target": None if job.unknown else job.target,
             "min": None if job.unknown else job.min_replicas,
@@ -96,16 +98,17 @@ def jobs_view(model: ClusterModel, namespace: str | None = None) -> list[dict[st
     out = []
     for key in sorted(model.elastic.jobs):
         job = model.elastic.jobs[key]
-        if namespace and job.namespace != namespace:
-            continue
+        if (namespace and job.namespace != namespace) or job.elastic is False:
+            continue  # a HyperPodPyTorchJob without elasticPolicy is no elastic job
         out.append(
             {
                 "namespace": job.namespace,
                 "name": job.name,
                 "kind": job.kind,
                 "summary": job.summary(),
+                "elastic": job.elastic,
                 "unknown": job.unknown or None,
-                "running": job.ready,
+                "running": None if job.pods_unseen else job.ready,
                 "admitted": job.admitted,
                 "target": None if job.unknown else job.target,
                 "min": None if job.unknown else job.min_replicas,

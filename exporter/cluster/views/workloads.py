@@ -13,10 +13,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from exporter.cluster import efa_remotes
-from exporter.cluster.analysis import PendingCause, workload_request
+from exporter.cluster.analysis import PendingCause, short_words, workload_request
+from exporter.cluster.capacity.flavors import ResourceCheck
+from exporter.cluster.capacity.levels import flavor_levels
+from exporter.cluster.capacity.placement import Fit
+from exporter.cluster.capacity.quota import kueue_quantity
 from exporter.cluster.ledger import PreemptionRecord
 from exporter.cluster.model import ClusterModel, WorkloadState, is_live, is_pending
-from exporter.cluster.objects import Pod, Workload
+from exporter.cluster.objects import GPU_RESOURCE, Pod, Workload
 from exporter.cluster.timeline import TimelineEntry, fold_preemptions
 from exporter.topology.tree import (
     LEVELS,
@@ -86,6 +90,8 @@ def workload_view(
                 "pod_set": ps.name,
                 "count": ps.count,
                 "gpus_per_pod": ps.gpus_per_pod,
+                # every resource one pod requests, as Kueue writes quantities
+                "per_pod": {name: kueue_quantity(name, amount) for name, amount in ps.per_pod},
                 "topology": {
                     "mode": ps.topology.mode,
                     "level": ps.topology.level,
@@ -232,18 +238,46 @@ def worst_pair(places: Mapping[str, Placement]) -> list[str] | None:
     return [nodes[0], nodes[1]]
 
 
+def _short_view(check: ResourceCheck) -> dict[str, Any]:
+    """One short resource: Kueue's units as Kueue writes them, and its own sentence."""
+    amount = check.amount
+    return {
+        "resource": check.resource,
+        "flavor": check.flavor,
+        "limit": "maximum capacity" if check.status == "maximum" else "unused quota",
+        "requested": amount(check.requested),
+        "available": None if check.available.amount is None else amount(check.available.amount),
+        "maximum_capacity": (
+            None if check.potential.amount is None else amount(check.potential.amount)
+        ),
+        "short": amount(check.short),
+        "need": check.need,
+        "kueue_message": check.message,
+        "summary": short_words(check),
+    }
+
+
 def _pending_view(cause: PendingCause | None) -> dict[str, Any] | None:
     if cause is None:
         return None
     fit = cause.fit
     return {
         "cause": cause.cause,
+        "label": cause.label,
+        "quota_limit": cause.quota_limit,
         "quota_reason": cause.quota_reason,
         "quota_message": cause.quota_message,
         "topology_message": cause.topology_message,
         "summary": cause.summary,
+        "flavor": cause.flavor,
         "quota_available_gpus": cause.quota_available,
         "quota_detail": cause.quota_detail,
+        "short": [_short_view(c) for c in cause.short if c.status in ("maximum", "unused")],
+        "flavor_mismatches": list(cause.mismatches),
+        "undeclared_resources": list(cause.undeclared),
+        "quota_unknown": list(cause.quota_unknown),
+        "nodes": cause.nodes_note,
+        "node_problems": list(cause.node_problems),
         "fit": None
         if fit is None
         else {
@@ -260,7 +294,10 @@ def _pending_view(cause: PendingCause | None) -> dict[str, Any] | None:
 
 
 def would_run_if(model: ClusterModel, wl: Workload, pending: PendingCause | None) -> list[str]:
-    """Concrete changes that would admit a pending workload, most direct first."""
+    """Concrete changes that would admit a pending workload, most direct first. Each is a
+    change that would start it: no topology advice while its quota is short (Kueue never
+    tries placement then), and for a topology wait the smallest change to free capacity
+    that places it (`_smallest_room`)."""
     if pending is None:
         return []
     needed = wl.gpus_requested
@@ -269,25 +306,49 @@ def would_run_if(model: ClusterModel, wl: Workload, pending: PendingCause | None
     if pending.cause == "inactive":
         out.append("it is reactivated (spec.active is false)")
     if pending.cause == "misconfigured":
-        out.append(f"its queue configuration is fixed: {pending.quota_message}")
+        if pending.mismatches and not pending.quota_message:
+            out.append(f"a flavor of its queue suited its pods: {'; '.join(pending.mismatches)}")
+        else:
+            out.append(f"its queue configuration is fixed: {pending.quota_message}")
     request = workload_request(wl)
     fit = pending.fit
     if pending.cause == "topology" and fit is not None and not fit.fits:
-        short = fit.pods_needed - fit.pods_fit
         if fit.domain:
-            out.append(
-                f"one {fit.level} domain had room for {short} more"
-                f" {'pod' if short == 1 else 'pods'} of {fit.gpus_per_pod} GPUs on whole nodes"
-                f" (the best, {fit.domain}, holds {fit.pods_fit} of {fit.pods_needed})"
-            )
+            out.append(_smallest_room(fit))
         else:
             out.append(f"its nodes carried a {fit.level} label ({fit.summary})")
-        if request is not None and request.mode == "required":
+        placement = pending.placement
+        if (
+            request is not None
+            and request.mode == "required"
+            and placement is not None
+            and _preferred_would_place(model, wl, pending)
+        ):
             out.append(f"its topology request were relaxed from required to preferred {fit.level}")
     blocked = "blocked because "
     if pending.cause == "topology" and pending.unavailable_note.startswith(blocked):
         out.append(f"these nodes were back: {pending.unavailable_note.removeprefix(blocked)}")
-    if pending.cause in ("quota", "topology"):
+    short = [c for c in pending.short if c.status in ("maximum", "unused")]
+    if pending.cause == "quota" and short:
+        for check in short:
+            if check.status == "maximum":
+                out.append(
+                    f"{cq}'s maximum capacity for {check.resource} in {check.flavor} grew by"
+                    f" {check.need.removesuffix(' ' + check.resource)}"
+                    f" ({kueue_quantity(check.resource, check.potential.amount or 0)} now, from"
+                    " its nominalQuota, borrowingLimit and its cohort's quota): no preemption"
+                    " or finished workload can free that"
+                )
+            else:
+                what = check.need
+                if check.resource == GPU_RESOURCE:  # "8 more GPUs (8 more nvidia.com/gpu)"
+                    what = f"{check.short} more GPUs ({check.need})"
+                out.append(
+                    f"{cq} could admit {what} in {check.flavor} ({check.available.reason}),"
+                    " by raising its nominal quota, borrowing from the cohort, or lower-priority"
+                    " workloads finishing"
+                )
+    elif pending.cause in ("quota", "topology"):
         available = pending.quota_available
         if available is not None and available < needed:
             out.append(
@@ -302,25 +363,86 @@ def would_run_if(model: ClusterModel, wl: Workload, pending: PendingCause | None
     return out
 
 
+def _smallest_room(fit: Fit) -> str:
+    """The smallest change to the best domain that places the pod set (`Fit.smallest_room`):
+    for slices, room for the fewest pods in the slice-level domains closest to a whole slice
+    ("1 more pod in network-node-layer-3 domain nn-a or nn-b"), not the pods of whole slices;
+    otherwise room for the pods it lacks."""
+    extra, where = fit.smallest_room()
+    per = f" of {fit.gpus_per_pod} GPUs" if fit.gpus_per_pod else ""
+    pods = "pod" if extra == 1 else "pods"
+    if where and fit.slice_level is not None:
+        missing = fit.slices_needed - fit.slices_fit
+        if missing == 1:  # any one of them would do
+            named = " or ".join(where[:4]) + (" or ..." if len(where) > 4 else "")
+            what, slices = f"{fit.slice_level} domain {named}", "a slice"
+        else:  # the ones closest to a whole slice, between them
+            named = ", ".join(where[:4]) + (", ..." if len(where) > 4 else "")
+            what, slices = f"{fit.slice_level} domains {named}", f"{missing} slices"
+        return (
+            f"{what} (in {fit.level} domain {fit.domain}) had room for {extra} more"
+            f" {pods}{per} on whole nodes, completing {slices} of {fit.slice_size}"
+            f" (it holds {fit.slices_fit} of {fit.slices_needed})"
+        )
+    return (
+        f"one {fit.level} domain had room for {extra} more {pods}{per} on whole nodes"
+        f" (the best, {fit.domain}, holds {fit.pods_fit} of {fit.pods_needed})"
+    )
+
+
+def _preferred_would_place(model: ClusterModel, wl: Workload, pending: PendingCause) -> bool:
+    """Whether relaxing the required level to preferred would place the pod set now
+    (`placement.place` climbs and spreads): only then is it advice that starts it."""
+    return model.preferred_would_place(wl, pending.flavor)
+
+
+def fragmentation_rows(model: ClusterModel, levels: Sequence[str]) -> list[dict[str, Any]]:
+    """Free GPUs per level, per ResourceFlavor: a job runs on one flavor's nodes, so the free
+    GPUs and the largest free block of different instance types are never added together
+    (`exporter.cluster.capacity.levels`, the figures /metrics exports per flavor). A flavor
+    that selects no node has no rows; with no ResourceFlavor known (a dump, a cluster
+    without Kueue flavors) one set over every node, flavor "", from the topology tree."""
+    rows: list[dict[str, Any]] = []
+    if not model.flavors:
+        for level in levels:
+            frag = model.tree.fragmentation(level)
+            rows.append(
+                {
+                    "flavor": "",
+                    "level": level,
+                    "domains": frag.domains,
+                    "free": frag.free,
+                    "largest_free": frag.largest_free,
+                    "largest_domain": frag.largest_domain,
+                    "fragmentation_ratio": round(frag.ratio, 4),
+                }
+            )
+        return rows
+    for flavor in sorted(model.flavors):
+        eligibility = model.eligibility(flavor)
+        for capacity in flavor_levels(eligibility, model.tree, model.nodes, levels):
+            if not capacity.domains:
+                continue
+            rows.append(
+                {
+                    "flavor": flavor,
+                    "level": capacity.level,
+                    "domains": len(capacity.domains),
+                    "free": capacity.free,
+                    "largest_free": capacity.largest_free,
+                    "largest_domain": capacity.largest_domain,
+                    "fragmentation_ratio": round(capacity.ratio, 4),
+                }
+            )
+    return rows
+
+
 def topology_view(model: ClusterModel) -> dict[str, Any]:
     present = set(model.tree.levels_present())
     levels = [lvl for lvl in (*LEVELS, "ultraserver") if lvl in present]
-    fragmentation = []
-    for level in levels:
-        frag = model.tree.fragmentation(level)
-        fragmentation.append(
-            {
-                "level": level,
-                "domains": frag.domains,
-                "free": frag.free,
-                "largest_free": frag.largest_free,
-                "largest_domain": frag.largest_domain,
-                "fragmentation_ratio": round(frag.ratio, 4),
-            }
-        )
     return {
         "levels": levels,
-        "fragmentation": fragmentation,
+        "fragmentation": fragmentation_rows(model, levels),
         "tree": render_tree(model.tree),
         "ultraservers": [
             {

@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from exporter.sim.kueue.scheduler import GPU, HOSTNAME, Mode, Quota
+from exporter.sim.kueue.resources import (
+    CPU,
+    KI,
+    MEMORY,
+    PODS,
+    Taint,
+    Toleration,
+)
+from exporter.sim.kueue.resources import quantity as res_quantity
+from exporter.sim.kueue.scheduler import GPU, HOSTNAME, CohortSpec, Mode, QueuePolicy, Quota
 from exporter.topology.labels import HEALTH_STATUS_KEY
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -63,6 +72,19 @@ class SimPod:
     # still starting) and when it failed (a faulty pod awaiting the operator's scale-down).
     ready_at: float | None = None
     failed_at: float | None = None
+    pod_set: str = "main"
+
+
+@dataclass(frozen=True, slots=True)
+class SimPodSet:
+    """One pod set of a workload with several (or with more than GPUs to ask for): per-pod
+    requests in Kueue's units (resources.py), its topology request and tolerations."""
+
+    name: str
+    count: int
+    requests: Mapping[str, int]
+    topology: tuple[Mode, str] | None = None
+    tolerations: tuple[Toleration, ...] = ()
 
 
 @dataclass(slots=True)
@@ -111,6 +133,15 @@ class SimWorkload:
     carried: tuple[tuple[str, int], ...] = ()
     replaces: str | None = None
     container: Obj | None = None  # the pod template's container, when not the Job default
+    # Pod sets beyond the default one (`pods` x `gpus_per_pod` GPUs, `topology`): when given
+    # they are the workload's pod sets, in order. `any_flavor`: the pods name no instance
+    # type, so Kueue may pick any flavor of the queue (`flavor` is then the one it assigned).
+    pod_sets: tuple[SimPodSet, ...] = ()
+    any_flavor: bool = False
+    # Per pod set, the flavor Kueue assigned (set at admission).
+    assigned: dict[str, str] = field(default_factory=dict)
+    # The resources its ClusterQueue covers (status.admission lists those), set when written.
+    covered: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -118,7 +149,20 @@ class SimWorkload:
 
     @property
     def gpus(self) -> int:
+        if self.pod_sets:
+            return sum(ps.count * ps.requests.get(GPU, 0) for ps in self.pod_sets)
         return self.pods * self.gpus_per_pod
+
+    def sets(self) -> tuple[SimPodSet, ...]:
+        if self.pod_sets:
+            return self.pod_sets
+        return (SimPodSet(POD_SET, self.pods, {GPU: self.gpus_per_pod}, self.topology),)
+
+    def pod_set(self, name: str) -> SimPodSet:
+        for ps in self.sets():
+            if ps.name == name:
+                return ps
+        return self.sets()[0]
 
 
 def set_condition(
@@ -212,6 +256,20 @@ _NODE_RESOURCES = {  # allocatable besides GPUs, per instance type (illustrative
 }
 
 
+def node_allocatable(instance_type: str, gpus: int) -> dict[str, int]:
+    """The node's allocatable GPUs, cpu (millicores), memory (bytes) and pods, in Kueue's
+    units: the same figures `node_manifest` writes."""
+    figures = _NODE_RESOURCES.get(instance_type, {})
+    out = {GPU: gpus, PODS: 110}
+    cpu = figures.get(CPU, "")
+    if cpu.endswith("m"):
+        out[CPU] = int(cpu[:-1])
+    memory = figures.get(MEMORY, "")
+    if memory.endswith("Ki"):
+        out[MEMORY] = int(memory[:-2]) * KI
+    return out
+
+
 def meta(name: str, uid: str, created: float, namespace: str | None = None) -> Obj:
     out: Obj = {"name": name}
     if namespace is not None:
@@ -228,21 +286,26 @@ def node_manifest(
     created: float,
     health: str,
     index: int,
+    taints: Sequence[Taint] = (),
 ) -> Obj:
     """A HyperPod worker Node; any health but Schedulable cordons it the way HyperPod does
-    (spec.unschedulable plus a NoSchedule taint carrying the health status)."""
+    (spec.unschedulable plus a NoSchedule taint carrying the health status). `taints` are
+    the node group's own (an EKS GPU node group's nvidia.com/gpu:NoSchedule)."""
     m = meta(name, uid, created)
     del m["generation"]
     m["labels"] = dict(labels)
     instance_type = labels.get("node.kubernetes.io/instance-type", "")
     zone = labels.get("topology.kubernetes.io/zone", "")
     spec: Obj = {"providerID": f"aws:///{zone}/{name.removeprefix('hyperpod-')}"}
+    node_taints = [t.manifest() for t in taints]
     if health != "Schedulable":
         spec["unschedulable"] = True
-        spec["taints"] = [
+        node_taints += [
             {"key": HEALTH_LABEL, "value": health, "effect": "NoSchedule"},
             {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
         ]
+    if node_taints:
+        spec["taints"] = node_taints
     resources = {
         **_NODE_RESOURCES.get(instance_type, {}),
         GPU: quantity(gpus),
@@ -312,15 +375,27 @@ def topology_manifest(name: str, levels: Sequence[str], uid: str, created: float
 
 
 def resource_flavor_manifest(
-    name: str, node_labels: Mapping[str, str], topology: str, uid: str, created: float
+    name: str,
+    node_labels: Mapping[str, str],
+    topology: str,
+    uid: str,
+    created: float,
+    node_taints: Sequence[Taint] = (),
+    tolerations: Sequence[Toleration] = (),
 ) -> Obj:
     m = meta(name, uid, created)
     m["finalizers"] = [RESOURCE_IN_USE]
+    spec: Obj = {"nodeLabels": dict(node_labels)}
+    if node_taints:
+        spec["nodeTaints"] = [t.manifest() for t in node_taints]
+    if tolerations:
+        spec["tolerations"] = [t.manifest() for t in tolerations]
+    spec["topologyName"] = topology
     return {
         "apiVersion": KUEUE_API,
         "kind": "ResourceFlavor",
         "metadata": m,
-        "spec": {"nodeLabels": dict(node_labels), "topologyName": topology},
+        "spec": spec,
     }
 
 
@@ -336,32 +411,61 @@ def priority_class_manifest(
     }
 
 
-def cohort_manifest(name: str, uid: str, created: float) -> Obj:
+def cohort_manifest(name: str, uid: str, created: float, spec: CohortSpec | None = None) -> Obj:
+    """A Cohort (v1beta2: `parentName`, and its own quota in `resourceGroups`)."""
+    body: Obj = {}
+    if spec is not None and spec.parent:
+        body["parentName"] = spec.parent
+    if spec is not None and spec.quotas:
+        flavors: dict[str, dict[str, Quota]] = {}
+        for (flavor, resource), q in spec.quotas.items():
+            flavors.setdefault(flavor, {})[resource] = q
+        covered = sorted({r for quotas in flavors.values() for r in quotas}, key=_resource_order)
+        body["resourceGroups"] = [
+            {
+                "coveredResources": covered,
+                "flavors": [
+                    _flavor_quota(f, {r: quotas.get(r, Quota(0)) for r in covered})
+                    for f, quotas in flavors.items()
+                ],
+            }
+        ]
     return {
         "apiVersion": KUEUE_API,
         "kind": "Cohort",
         "metadata": meta(name, uid, created),
-        "spec": {},
+        "spec": body,
     }
 
 
-def _flavor_quota(name: str, quota: Quota) -> Obj:
-    resource: Obj = {"name": GPU, "nominalQuota": quantity(quota.nominal)}
-    if quota.borrowing_limit is not None:
-        resource["borrowingLimit"] = quantity(quota.borrowing_limit)
-    if quota.lending_limit is not None:
-        resource["lendingLimit"] = quantity(quota.lending_limit)
-    return {"name": name, "resources": [resource]}
+def _resource_order(resource: str) -> tuple[int, str]:
+    order = {GPU: 0, CPU: 1, MEMORY: 2, PODS: 3}
+    return (order.get(resource, 4), resource)
 
 
-def _usage_list(usage: Mapping[str, tuple[int, int]], with_borrowed: bool) -> list[Obj]:
-    out = []
-    for flavor, (total, borrowed) in usage.items():
-        res: Obj = {"name": GPU, "total": quantity(total)}
+def _flavor_quota(name: str, quotas: Mapping[str, Quota]) -> Obj:
+    resources = []
+    for resource, quota in quotas.items():
+        entry: Obj = {"name": resource, "nominalQuota": res_quantity(resource, quota.nominal)}
+        if quota.borrowing_limit is not None:
+            entry["borrowingLimit"] = res_quantity(resource, quota.borrowing_limit)
+        if quota.lending_limit is not None:
+            entry["lendingLimit"] = res_quantity(resource, quota.lending_limit)
+        resources.append(entry)
+    return {"name": name, "resources": resources}
+
+
+Usage = Mapping[tuple[str, str], tuple[int, int]]  # (flavor, resource) -> (total, borrowed)
+
+
+def _usage_list(usage: Usage, with_borrowed: bool) -> list[Obj]:
+    flavors: dict[str, list[Obj]] = {}
+    for (flavor, resource), (total, borrowed) in usage.items():
+        res: Obj = {"name": resource, "total": res_quantity(resource, total)}
         if with_borrowed:
-            res["borrowed"] = quantity(borrowed)
-        out.append({"name": flavor, "resources": [res]})
-    return out
+            res["borrowed"] = res_quantity(resource, borrowed)
+        flavors.setdefault(flavor, []).append(res)
+    return [{"name": f, "resources": resources} for f, resources in flavors.items()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,23 +476,24 @@ class QueueCounts:
 
 
 def cluster_queue_manifest(
-    name: str,
-    cohort: str,
+    policy: QueuePolicy,
     namespace: str,
-    quotas: Mapping[str, Quota],
-    borrow_max_priority: int | None,
-    usage: Mapping[str, tuple[int, int]],  # flavor -> (total, borrowed)
+    usage: Usage,
     counts: QueueCounts,
     uid: str,
     created: float,
 ) -> Obj:
+    name, cohort = policy.name, policy.cohort
     m = meta(name, uid, created)
     m["finalizers"] = [RESOURCE_IN_USE]
-    preemption: Obj = {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority"}
-    if borrow_max_priority is not None:
+    preemption: Obj = {
+        "reclaimWithinCohort": "Any" if policy.reclaim_within_cohort else "Never",
+        "withinClusterQueue": "LowerPriority" if policy.preempt_within_queue else "Never",
+    }
+    if policy.borrow_within_cohort_max_priority is not None:
         preemption["borrowWithinCohort"] = {
             "policy": "LowerPriority",
-            "maxPriorityThreshold": borrow_max_priority,
+            "maxPriorityThreshold": policy.borrow_within_cohort_max_priority,
         }
     return {
         "apiVersion": KUEUE_API,
@@ -401,9 +506,13 @@ def cluster_queue_manifest(
             "preemption": preemption,
             "resourceGroups": [
                 {
-                    "coveredResources": [GPU],
-                    "flavors": [_flavor_quota(f, q) for f, q in quotas.items()],
+                    "coveredResources": list(group.covered),
+                    "flavors": [
+                        _flavor_quota(f.name, {r: f.quotas[r] for r in group.covered})
+                        for f in group.flavors
+                    ],
                 }
+                for group in policy.groups
             ],
             "stopPolicy": "None",
         },
@@ -431,7 +540,7 @@ def local_queue_manifest(
     name: str,
     namespace: str,
     cluster_queue: str,
-    usage: Mapping[str, tuple[int, int]],
+    usage: Usage,
     counts: QueueCounts,
     uid: str,
     created: float,
@@ -464,33 +573,46 @@ def local_queue_manifest(
 # --- Job, Workload, Pod ----------------------------------------------------------------------
 
 
-def _container(w: SimWorkload) -> Obj:
-    if w.container is not None:
+def _requests(per_pod: Mapping[str, int]) -> dict[str, str]:
+    order = sorted(per_pod, key=_resource_order)
+    return {r: res_quantity(r, per_pod[r]) for r in order if per_pod[r]}
+
+
+def _container(w: SimWorkload, pod_set: SimPodSet | None = None) -> Obj:
+    if w.container is not None and not w.pod_sets:
         return dict(w.container)
-    gpus = {GPU: quantity(w.gpus_per_pod)}
+    ps = pod_set if pod_set is not None else w.sets()[0]
+    requests = _requests(ps.requests)
+    limits = {r: v for r, v in requests.items() if r == GPU}
+    resources: Obj = {"requests": requests}
+    if limits:
+        resources["limits"] = limits
+    command = ["torchrun", "--nnodes", str(ps.count), "train.py"]
+    if not ps.requests.get(GPU):
+        command = ["python", "launch.py"]
     return {
         "name": CONTAINER,
         "image": "public.ecr.aws/hpc-cloud/nccl-tests:latest",
-        "command": ["torchrun", "--nnodes", str(w.pods), "train.py"],
-        "resources": {"requests": dict(gpus), "limits": dict(gpus)},
+        "command": command,
+        "resources": resources,
     }
 
 
-def _pod_template(w: SimWorkload, instance_label: str) -> Obj:
+def _pod_template(w: SimWorkload, instance_label: str, pod_set: SimPodSet | None = None) -> Obj:
+    ps = pod_set if pod_set is not None else w.sets()[0]
     annotations = {}
-    if w.topology is not None:
-        annotations[TOPOLOGY_ANNOTATIONS[w.topology[0]]] = w.topology[1]
+    if ps.topology is not None:
+        annotations[TOPOLOGY_ANNOTATIONS[ps.topology[0]]] = ps.topology[1]
     metadata: Obj = {"labels": {QUEUE_LABEL: w.local_queue, "app": w.job}}
     if annotations:
         metadata["annotations"] = annotations
-    return {
-        "metadata": metadata,
-        "spec": {
-            "containers": [_container(w)],
-            "nodeSelector": {instance_label: w.flavor},
-            "restartPolicy": "Never",
-        },
-    }
+    spec: Obj = {"containers": [_container(w, ps)]}
+    if not w.any_flavor:
+        spec["nodeSelector"] = {instance_label: w.flavor}
+    spec["restartPolicy"] = "Never"
+    if ps.tolerations:
+        spec["tolerations"] = [t.manifest() for t in ps.tolerations]
+    return {"metadata": metadata, "spec": spec}
 
 
 def _owner(w: SimWorkload) -> list[Obj]:
@@ -514,23 +636,28 @@ def workload_manifest(w: SimWorkload, instance_label: str) -> Obj:
     m["ownerReferences"] = _owner(w)
     if w.phase == "admitted":
         m["finalizers"] = [RESOURCE_IN_USE]
-    pod_set: Obj = {
-        "name": POD_SET,
-        "count": w.pods,
-        "template": _pod_template(w, instance_label),
-    }
-    if w.topology is not None:
-        pod_set["topologyRequest"] = {
-            w.topology[0]: w.topology[1],
-            "podIndexLabel": COMPLETION_INDEX,
+    pod_sets = []
+    for ps in w.sets():
+        pod_set: Obj = {
+            "name": ps.name,
+            "count": ps.count,
+            "template": _pod_template(w, instance_label, ps),
         }
+        if ps.topology is not None:
+            pod_set["topologyRequest"] = {
+                ps.topology[0]: ps.topology[1],
+                "podIndexLabel": COMPLETION_INDEX,
+            }
+        pod_sets.append(pod_set)
     status: Obj = {}
     if w.conditions:
         status["conditions"] = list(w.conditions.values())
     if w.admission is not None:
         status["admission"] = w.admission
     elif w.evaluated and w.phase == "pending":
-        status["resourceRequests"] = [{"name": POD_SET, "resources": {GPU: quantity(w.gpus)}}]
+        status["resourceRequests"] = [
+            {"name": ps.name, "resources": _requests(_totals(w, ps))} for ps in w.sets()
+        ]
     if w.requeue_count and w.requeue_at is not None:
         status["requeueState"] = {"count": w.requeue_count, "requeueAt": rfc3339(w.requeue_at)}
     if w.evictions:
@@ -550,28 +677,55 @@ def workload_manifest(w: SimWorkload, instance_label: str) -> Obj:
                 "name": w.priority_class,
             },
             "priority": w.priority,
-            "podSets": [pod_set],
+            "podSets": pod_sets,
         },
         "status": status,
     }
 
 
-def admission_manifest(w: SimWorkload, placement: Sequence[tuple[str, int]]) -> Obj:
-    return {
-        "clusterQueue": w.cluster_queue,
-        "podSetAssignments": [
+def _totals(w: SimWorkload, ps: SimPodSet) -> dict[str, int]:
+    """A pod set's requests as Kueue counts them: per pod times count, plus one `pods` per
+    pod when the ClusterQueue covers pods (flavorassigner.go assignFlavors)."""
+    total = {r: v * ps.count for r, v in ps.requests.items() if v}
+    if PODS in w.covered:
+        total[PODS] = ps.count
+    return total
+
+
+def admission_manifest(
+    w: SimWorkload,
+    placement: Sequence[tuple[str, int]],
+    placements: Mapping[str, Sequence[tuple[str, int]]] | None = None,
+) -> Obj:
+    """status.admission: per pod set, the flavor of each resource the queue covers, the
+    usage, the count and the TAS assignment (`placements` by pod set; else `placement` is
+    the first pod set's)."""
+    covered = set(w.covered or (GPU,))
+    assignments = []
+    for i, ps in enumerate(w.sets()):
+        where = placements.get(ps.name, ()) if placements is not None else ()
+        if placements is None and i == 0:
+            where = placement
+        count = sum(n for _, n in where) if where else ps.count
+        totals = {r: v for r, v in _totals(w, ps).items() if r in covered or r == GPU}
+        if placements is None and i == 0:
+            totals = {r: (v // ps.count) * count if r != PODS else count for r, v in totals.items()}
+        flavor = w.assigned.get(ps.name, w.flavor)
+        assignments.append(
             {
-                "name": POD_SET,
-                "flavors": {GPU: w.flavor},
-                "resourceUsage": {GPU: quantity(w.gpus)},
-                "count": w.pods,
-                "topologyAssignment": node_assignment(placement),
+                "name": ps.name,
+                "flavors": {r: flavor for r in sorted(totals, key=_resource_order)},
+                "resourceUsage": _requests(totals),
+                "count": count,
+                "topologyAssignment": node_assignment(where),
             }
-        ],
-    }
+        )
+    return {"clusterQueue": w.cluster_queue, "podSetAssignments": assignments}
 
 
 def pod_manifest(w: SimWorkload, pod: SimPod, instance_label: str, node_index: int) -> Obj:
+    ps = w.pod_set(pod.pod_set)
+    flavor = w.assigned.get(ps.name, w.flavor)
     m = meta(pod.name, pod.uid, pod.created, w.namespace)
     del m["generation"]
     index = str(pod.index)
@@ -582,28 +736,31 @@ def pod_manifest(w: SimWorkload, pod: SimPod, instance_label: str, node_index: i
         "job-name": w.job,
         COMPLETION_INDEX: index,
         QUEUE_LABEL: w.local_queue,
-        PODSET_LABEL: POD_SET,
+        PODSET_LABEL: ps.name,
         TAS_LABEL: "true",
         "app": w.job,
     }
     annotations = {COMPLETION_INDEX: index, WORKLOAD_ANNOTATION: w.name}
-    if w.topology is not None:
-        annotations[TOPOLOGY_ANNOTATIONS[w.topology[0]]] = w.topology[1]
+    if ps.topology is not None:
+        annotations[TOPOLOGY_ANNOTATIONS[ps.topology[0]]] = ps.topology[1]
     m["annotations"] = annotations
     m["ownerReferences"] = _owner(w)
     started = rfc3339(pod.created)
+    spec: Obj = {
+        "containers": [_container(w, ps)],
+        "nodeName": pod.node,
+        "nodeSelector": {instance_label: flavor, HOSTNAME: pod.node},
+        "restartPolicy": "Never",
+        "schedulerName": "default-scheduler",
+        "hostname": f"{w.job}-{index}",
+    }
+    if ps.tolerations:
+        spec["tolerations"] = [t.manifest() for t in ps.tolerations]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": m,
-        "spec": {
-            "containers": [_container(w)],
-            "nodeName": pod.node,
-            "nodeSelector": {instance_label: w.flavor, HOSTNAME: pod.node},
-            "restartPolicy": "Never",
-            "schedulerName": "default-scheduler",
-            "hostname": f"{w.job}-{index}",
-        },
+        "spec": spec,
         "status": {
             "phase": "Running",
             "hostIP": node_ip(node_index),

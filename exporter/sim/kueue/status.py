@@ -8,7 +8,7 @@ These functions change a `SimWorkload` record only; writing it is the caller's b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from exporter.sim.kueue.objects import SimWorkload, admission_manifest, set_condition
 from exporter.sim.kueue.scheduler import PreemptionReason
@@ -63,9 +63,14 @@ def mark_pending(w: SimWorkload, message: str, now: float) -> None:
     set_condition(w.conditions, "QuotaReserved", "False", "Pending", message, now)
 
 
-def mark_admitted(w: SimWorkload, placement: Sequence[tuple[str, int]], now: float) -> None:
+def mark_admitted(
+    w: SimWorkload,
+    placement: Sequence[tuple[str, int]],
+    now: float,
+    placements: Mapping[str, Sequence[tuple[str, int]]] | None = None,
+) -> None:
     """Quota reserved and admitted; a past eviction is kept as "Previously: ..."."""
-    w.admission = admission_manifest(w, placement)
+    w.admission = admission_manifest(w, placement, placements)
     reserved = f"Quota reserved in ClusterQueue {w.cluster_queue}"
     set_condition(w.conditions, "QuotaReserved", "True", "QuotaReserved", reserved, now)
     set_condition(w.conditions, "Admitted", "True", "Admitted", "The workload is admitted", now)
