@@ -44,6 +44,10 @@ EXPECTED_EMPTY = {
     "health-remediation: Actions [A]": (
         "the controller runs in observe mode here: it decides and audits, nothing is acted on"
     ),
+    "topology-placement: Workloads pending on topology [A]": (
+        "the simulated Kueue now follows flavorassigner.go: in this world every job is admitted"
+        " or waits on quota; tests/cluster covers the topology-pending series"
+    ),
     **{
         f"task-governance: {panel}": _NO_ELASTIC
         for panel in (
