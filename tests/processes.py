@@ -433,9 +433,15 @@ class Ledger:
             for proc in ours.values():
                 chain: list[Proc] = []
                 step: Proc | None = proc
-                while step is not None and step.key not in self._owners:
+                seen: set[object] = set()
+                # A recycled PID can make parent links loop (a child whose PID an ancestor's
+                # parent once had): stop at the first process seen twice.
+                while step is not None and step.key not in self._owners and step.key not in seen:
+                    seen.add(step.key)
                     chain.append(step)
                     step = ours.get(step.ppid)
+                if step is not None and step.key in seen:
+                    step = None
                 owner = self._owners[step.key] if step is not None else None
                 for link in reversed(chain):  # the topmost new ancestor first
                     owner = owner or self._window_at(link.start)
