@@ -760,6 +760,9 @@ def check_untolerated(view: Mapping[str, Any], found: Answers) -> None:
         "4 tainted without a toleration (nvidia.com/gpu=true:NoSchedule not tolerated)"
         in (pending["nodes"])
     )
+    # the change that starts it is a toleration, not a label its nodes already carry
+    (fix,) = view["would_run_if"]
+    assert "tainted without a toleration" in fix and "label" not in fix, fix
 
 
 def check_memory_node(view: Mapping[str, Any], found: Answers) -> None:
@@ -1367,6 +1370,7 @@ def test_a_toleration_with_an_unknown_operator_is_said_not_guessed(tmp_path: Pat
         assert "no eligible node for 2 pods of 8 GPUs" in pending["summary"]
         assert any("'Exist'" in p and "tolerates no taint" in p for p in pending["node_problems"])
         assert "a toleration with operator 'Exist' tolerates nothing" in pending["nodes"]
+        assert not any("label" in fix for fix in view["would_run_if"]), view["would_run_if"]
         assert any("'Exist'" in p for p in view["problems"])
     assert "Unreadable: toleration nvidia.com/gpu:NoSchedule has operator 'Exist'" in found.text
     assert found.problems.get(("Workload", "malformed"), 0) >= 1

@@ -863,7 +863,8 @@ class Fit:
             )
             detail = (
                 f"{free}, room for {_plural(self.domain_gpu_pods, 'pod')} by GPUs, but {named}"
-                f" (allocatable minus what its pods request) leave room for {self.domain_pods}"
+                f" (allocatable minus what its pods request) leave room for"
+                f" {_plural(self.domain_pods, 'pod')}"
             )
         elif self.max_node_free < self.gpus_per_pod:
             detail = (

@@ -315,8 +315,12 @@ def would_run_if(model: ClusterModel, wl: Workload, pending: PendingCause | None
     if pending.cause == "topology" and fit is not None and not fit.fits:
         if fit.domain:
             out.append(_smallest_room(fit))
-        else:
+        elif fit.status == "no-domain":
             out.append(f"its nodes carried a {fit.level} label ({fit.summary})")
+        elif fit.status == "no-nodes" and pending.nodes_note:
+            # No node is usable at all: what keeps them out is the change (a toleration, a
+            # cordon lifted, a selector), never a label they may well carry.
+            out.append(f"some of its flavor's nodes were usable by its pods ({pending.nodes_note})")
         placement = pending.placement
         if (
             request is not None
@@ -334,7 +338,7 @@ def would_run_if(model: ClusterModel, wl: Workload, pending: PendingCause | None
             if check.status == "maximum":
                 out.append(
                     f"{cq}'s maximum capacity for {check.resource} in {check.flavor} grew by"
-                    f" {check.need.removesuffix(' ' + check.resource)}"
+                    f" {kueue_quantity(check.resource, check.short)}"
                     f" ({kueue_quantity(check.resource, check.potential.amount or 0)} now, from"
                     " its nominalQuota, borrowingLimit and its cohort's quota): no preemption"
                     " or finished workload can free that"
