@@ -20,6 +20,8 @@ boto3) only inside the functions that run a sub-command (tests/test_architecture
 from __future__ import annotations
 
 import argparse
+import errno
+import sys
 from collections.abc import Sequence
 
 from exporter.cli.cluster import add_cluster_parsers
@@ -54,4 +56,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     value is the exit status."""
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        # One line a person can act on, not a traceback through asyncio or socketserver.
+        print(f"topowatch {args.command}: {port_taken(exc, args)}", file=sys.stderr)
+        return 2
+
+
+# Which options move each command's listening sockets.
+_PORT_OPTIONS = {
+    "demo": "--listen HOST:PORT (the cluster service), --node-port-base PORT (the node agents;"
+    " 0 picks free ports) or --prometheus-port PORT (0: no Prometheus)",
+    "slurm-controller": "--listen HOST:PORT",
+}
+
+
+def port_taken(exc: OSError, args: argparse.Namespace) -> str:
+    """ "address already in use", with the address (asyncio names it; socketserver does not,
+    so a command with one socket names its --listen), and the options that choose another."""
+    what = str(exc).removeprefix(f"[Errno {exc.errno}] ")
+    if "address" not in what and args.command not in _PORT_OPTIONS:
+        host, port = args.listen
+        what = f"cannot listen on {host}:{port}: {what.lower()}"
+    options = _PORT_OPTIONS.get(args.command, "--listen HOST:PORT")
+    return f"{what}: another process holds the port; choose another with {options}"

@@ -172,11 +172,20 @@ class NodeAgentFleet:
                     sim_node.name, node, sources, agent, server, monitor=monitor, reporter=reporter
                 )
             )
-        unknown = {f.node for f in faults} - {a.name for a in self.agents}
-        if unknown:
+        names = [a.name for a in self.agents]
+        unnamed = [f for f in faults if f.node is None]
+        unknown = sorted({f.node for f in faults if f.node is not None} - set(names))
+        if unnamed or unknown:
             self.close()
+            example = f"node={names[0]}:xid=79@gpu3" if names else "node=NAME:xid=79@gpu3"
+            what = (
+                "a --fault without node=NAME (the demo runs several nodes)"
+                if unnamed
+                else f"--fault names unknown node(s): {', '.join(unknown)}"
+            )
             raise ValueError(
-                f"--fault names unknown node(s): {', '.join(sorted(map(str, unknown)))}"
+                f"{what}; write it as {example}. The nodes: {', '.join(names[:4])}"
+                + (f" ... ({len(names)} in all)" if len(names) > 4 else "")
             )
         env.after_step.append(self.sync_pods)
 

@@ -95,3 +95,44 @@ def test_a_kernel_log_asked_for_and_unreadable_is_a_failing_collector_not_a_dead
 def test_every_subcommand_has_help() -> None:
     proc = topowatch("node", "--help")
     assert proc.returncode == 0 and b"--simulate" in proc.stdout and b"--compat" in proc.stdout
+
+
+def test_a_taken_port_is_one_line_naming_the_option_not_a_traceback() -> None:
+    """Each command's listening socket taken by another process: exit 2, one line that says
+    which address and which option picks another port (issue 31)."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        node = topowatch(
+            "node", "--simulate", "p5.48xlarge", "--no-kubernetes", "--listen", f"127.0.0.1:{port}"
+        )
+        cluster = topowatch("cluster", "--simulate", "--listen", f"127.0.0.1:{port}")
+    for proc in (node, cluster):
+        err = proc.stderr.decode()
+        assert proc.returncode == 2, err
+        assert "Traceback" not in err, err
+        (line,) = [x for x in err.splitlines() if x.startswith("topowatch ")]
+        assert f"127.0.0.1:{port}" in line or f"'127.0.0.1', {port}" in line, line
+        assert "address already in use" in line and "--listen HOST:PORT" in line, line
+
+
+def test_a_demo_fault_without_a_node_names_the_nodes_to_choose_from() -> None:
+    proc = topowatch(
+        "demo",
+        "--prometheus-port",
+        "0",
+        "--listen",
+        "127.0.0.1:0",
+        "--node-port-base",
+        "0",
+        "--duration",
+        "1",
+        "--fault",
+        "xid=79@gpu3",
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert "without node=NAME" in err and "write it as node=hyperpod-i-" in err, err
