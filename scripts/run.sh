@@ -4,5 +4,5 @@
 # cluster service). Ctrl-C stops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh
+scripts/bootstrap.sh demo
 exec .venv/bin/topowatch demo --listen "${TOPOWATCH_LISTEN:-127.0.0.1:9403}" "$@"
