@@ -46,6 +46,7 @@ def preemption_verdict(
     quota: Answer | None,
     fit: Fit | None,
     assignment: QuotaAssignment | None = None,
+    placement: PlacementAnswer | None = None,
 ) -> tuple[Verdict, str]:
     """Quota-driven or topology-driven, judged as Kueue decided (flavorassigner.go
     `assignFlavors`: quota is checked per resource, `fitsResourceQuota`, before any pod is
@@ -57,7 +58,11 @@ def preemption_verdict(
     `assignment` is the preemptor's flavor assignment, every resource, on the quota held at
     the moment of the preemption (victims still holding theirs) and on the flavor Kueue gave
     it; `quota` its GPU answer there; `fit` the most pods of its shape one domain of its
-    required level held then, on the nodes its flavor selects and its pods may use. Nothing
+    required level held then, on the nodes its flavor selects and its pods may use;
+    `placement`, instead of `fit`, where TAS would have placed a pod set asking for another
+    kind of topology (preferred, unconstrained, slices alone, or the request implied on a
+    TAS-only ClusterQueue, tas_flavorassigner.go `isTASImplied`), `level` then its level
+    name or "" (no `level` and no `placement`: no pod set of it goes through TAS). Nothing
     here reads the ClusterQueue status, so the verdict does not depend on which informer
     spoke first.
     """
@@ -67,9 +72,12 @@ def preemption_verdict(
         return "quota", "; ".join(_preemptor_short(c) for c in known_short)
     if assignment is None and gpus_needed <= 0:
         return "unknown", "the preemptor's GPU request is unknown"
-    if level is None:
-        # Without a required topology Kueue preempts only to free quota (of some resource).
-        return "quota", "the preemptor asked for no topology, so only quota could block it"
+    if level is None and placement is None:
+        # Without TAS (no request, and not a TAS-only queue) Kueue preempts only for quota.
+        return "quota", (
+            "the preemptor asked for no topology and its queue is not TAS-only, so only quota"
+            " could block it"
+        )
     if quota is None:
         return "unknown", "the preemptor's ClusterQueue is not known to topowatch"
     if short:  # quota that cannot be judged for some resource
@@ -80,6 +88,19 @@ def preemption_verdict(
         return "quota", (
             f"its queue could reserve only {quota.amount} of the {gpus_needed} GPUs needed"
             f" ({quota.reason})"
+        )
+    needs = f"the {gpus_needed} GPUs needed" if gpus_needed > 0 else "what it requests"
+    if fit is None and placement is not None:
+        if placement.summary.startswith("cannot"):  # `place` could not judge the shape
+            return "unknown", f"its queue had the quota, but {placement.summary}"
+        if not placement.placeable:
+            return "topology", (
+                f"its queue could reserve {needs} ({quota.amount} GPUs available)"
+                f"{_other_resources(assignment)}; {placement.summary}"
+            )
+        return "unknown", (
+            f"its queue could reserve {needs} and TAS places it ({placement.summary}):"
+            " neither quota nor topology explains the preemption as topowatch saw the cluster"
         )
     if fit is None or fit.status == "invalid":
         why = fit.reason if fit is not None else "its placement could not be judged"
@@ -191,6 +212,10 @@ _MISCONFIGURED_PHRASES = (
     "unavailable in clusterqueue",  # flavorassigner.go: a resource no resource group covers
 )
 _TOPOLOGY_PHRASES = ("allows to fit only", "doesn't allow to fit", "topology")
+# Placements Kueue's TAS tries: every explicit request, and "none" for the implied one of a
+# TAS-only ClusterQueue (tas_flavorassigner.go isTASImplied; the caller passes a placement
+# for such a pod set only when TAS is implied).
+_TAS_MODES = ("required", "preferred", "slices", "unconstrained", "none")
 
 
 def pending_cause(
@@ -208,7 +233,8 @@ def pending_cause(
     resource of each pod set's flavor, `assignment`), and only when every resource fits, the
     topology: whether Kueue's TAS could place its pods (`placement`: whole pods per node, on
     the flavor's nodes its pods may use, every resource they request counted; a required
-    level never climbs, a preferred one climbs and then spreads, tas_flavor_snapshot.go).
+    level never climbs, a preferred one climbs and then spreads, an unconstrained or implied
+    one spreads over the lowest level, tas_flavor_snapshot.go).
 
     A resource whose request exceeds what the queue could ever hold ("insufficient quota
     for R in flavor F, ... > maximum capacity") or its unused quota ("insufficient unused
@@ -238,14 +264,14 @@ def pending_cause(
     if (
         placement is not None
         and not placement.placeable
-        and placement.mode in ("required", "preferred", "slices")
+        and placement.mode in _TAS_MODES
         and not quota_short
     ):
         room = f"quota allows {allowed} GPUs" if allowed is not None else "quota may allow it"
         topo = f"{room}; {placement.summary}"
         if unavailable_note:
             topo = f"{topo}; {unavailable_note}"
-    asked = placement is not None and placement.mode in ("required", "preferred", "slices")
+    asked = placement is not None and placement.mode in _TAS_MODES
     lowered = message.lower()
     if not workload.active:
         cause = "inactive"

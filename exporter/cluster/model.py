@@ -14,7 +14,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from exporter.cluster import analysis
 from exporter.cluster.analysis import PendingCause
@@ -120,6 +120,13 @@ class WaitHistogram:
         return list(zip(ADMISSION_WAIT_BUCKETS, self.buckets, strict=True))
 
 
+class ChangeObserver(Protocol):
+    """Told of each watch event once the model has applied it (exporter.cluster.goodput's
+    `GoodputBook`: the interruption and GPU-second ledgers read the model from there)."""
+
+    def observe(self, kind: str, event_type: str, obj: Mapping[str, Any], now: float) -> None: ...
+
+
 @dataclass(slots=True)
 class WorkloadState:
     """A workload plus what only a watcher knows about it."""
@@ -208,6 +215,8 @@ class ClusterModel:
         # watches: the history feed keeps its explain view. A workload already finished in a
         # kind's first list is not news (whoever watched it finish wrote it).
         self.on_workload_ended: Callable[[WorkloadState, bool, float], None] | None = None
+        # Told of every event after it is applied (`ChangeObserver`), None when none listens.
+        self.observer: ChangeObserver | None = None
         self._handlers: dict[str, Callable[[str, Mapping[str, Any], float], None]] = {
             "Node": self._apply_node,
             "Pod": self._apply_pod,
@@ -298,6 +307,12 @@ class ClusterModel:
         except Exception as exc:  # a parser or analysis bug must not stop the informers
             self._problem(kind, "internal", f"{kind} {key}: {type(exc).__name__}: {exc}")
             log.exception("cluster model failed on %s %s", kind, key)
+        if self.observer is not None:
+            try:
+                self.observer.observe(kind, event_type, obj, now)
+            except Exception as exc:  # nor may a bug of whoever listens
+                self._problem(kind, "observer", f"{kind} {key}: {type(exc).__name__}: {exc}")
+                log.exception("cluster model observer failed on %s %s", kind, key)
 
     def replace(self, kind: str, items: Iterable[Mapping[str, Any]], now: float) -> None:
         """The full current set after a (re)list: apply what changed, delete what vanished.
@@ -439,7 +454,7 @@ class ClusterModel:
             if pod.bound:
                 self._use_node(pod, 1)
             self._group(pod)
-        elif old is not None and old.holds_gpus:
+        elif old is not None and old.bound:  # any resource it held, GPUs or not
             self._judge.pod_released(old, now)
         for node in touched:
             self._idle_node(node, now)
@@ -559,6 +574,7 @@ class ClusterModel:
             self._idle_node(name, now)
 
     def _apply_topology(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
+        self._queues_epoch += 1  # flavor assignment and eligibility read a Topology's levels
         if event_type == "DELETED":
             self.topologies.pop(_name(obj), None)
         else:
@@ -926,23 +942,51 @@ class ClusterModel:
             self._assignment_cache.clear()
             self._gpu_answers.clear()
             self._assignment_tree = tree
+        replaced = self.replaced_slice(workload)
         key = (
             queue,
             tuple(
-                (p.name, p.count, p.per_pod, p.constraints, p.topology.mode)
-                for p in workload.pod_sets
+                (p.name, p.count, p.per_pod, p.constraints, p.topology) for p in workload.pod_sets
             ),
             tuple((p.name, p.flavors) for p in workload.placements),
+            flavor_assigner.level_mismatches(workload),  # Kueue's word where levels are unknown
+            None if replaced is None else (replaced.key, replaced.placements),
         )
         found = self._assignment_cache.get(key)
         if found is None:
-            found = flavor_assigner.assign(workload, cq, tree, self._known_flavor)
+            found = flavor_assigner.assign(
+                workload, cq, tree, self._known_flavor, self._topology_levels, replaced
+            )
             if len(self._assignment_cache) < 4096:
                 self._assignment_cache[key] = found
         return found
 
     def _known_flavor(self, flavor: str) -> ResourceFlavor | None:
         return self.flavor_spec(flavor)
+
+    def replaced_slice(self, workload: Workload) -> Workload | None:
+        """The slice a pending Kueue elastic Workload replaces (workload-slice-replacement-for)
+        while it holds quota in the same ClusterQueue (workloadslicing.ReplacedWorkloadSlice:
+        a Workload of the queue's snapshot, same namespace), else None."""
+        if not workload.replacement_for or workload.placements:
+            return None
+        namespace, _, name = workload.replacement_for.partition("/")
+        state = self.workloads.get((namespace, name))
+        if namespace != workload.namespace or state is None:
+            return None
+        old = state.workload
+        if not old.placements or not old.is_true("QuotaReserved") or old.is_true("Finished"):
+            return None
+        return old if old.cluster_queue == self.cluster_queue_of(workload) else None
+
+    def _topology_levels(self, name: str) -> tuple[str, ...] | None:
+        topology = self.topologies.get(name)
+        return topology.levels if topology is not None else None
+
+    def flavor_levels(self, flavor: str) -> tuple[str, ...] | None:
+        """The levels (node label keys, highest first) of the flavor's Topology, if known."""
+        spec = self.flavor_spec(flavor)
+        return self._topology_levels(spec.topology_name) if spec is not None else None
 
     def quota_for(self, workload: Workload, tree: QuotaTree) -> tuple[str, Answer | None]:
         """The GPU flavor the workload would use and what its queue can still admit there.
@@ -1044,18 +1088,17 @@ class ClusterModel:
             return None
         tree = self.quota_tree()
         flavor, quota, assigned = self.quota_of(workload, tree)
-        pod_set = _topology_pod_set(workload)
-        answer = None
-        if pod_set is not None and (
-            assigned is None or assigned.fits or assigned.limit == "unknown"
-        ):
+        pod_set: PodSetRequest | None = None
+        answer: PlacementAnswer | None = None
+        where = flavor
+        if assigned is None or assigned.fits or assigned.limit == "unknown":
             # Kueue tries placement only once quota fits (flavorassigner.go assignFlavors)
-            answer = self._placement(flavor, pod_set)
+            pod_set, where, answer = self._tas_answer(workload, assigned, flavor)
         note = nodes_note = ""
         node_problems: tuple[str, ...] = ()
         if pod_set is not None and answer is not None and not answer.placeable:
-            note = self._unavailable_note(flavor, pod_set)
-            eligibility = self.eligibility(flavor, pod_set)
+            note = self._unavailable_note(where, pod_set)
+            eligibility = self.eligibility(where, pod_set)
             nodes_note, node_problems = eligibility.summary, eligibility.problems
         return analysis.pending_cause(
             workload,
@@ -1067,6 +1110,24 @@ class ClusterModel:
             nodes_note=nodes_note,
             node_problems=node_problems,
         )
+
+    def _tas_answer(
+        self, workload: Workload, assigned: QuotaAssignment | None, flavor: str
+    ) -> tuple[PodSetRequest | None, str, PlacementAnswer | None]:
+        """Kueue's TAS on each pod set it places (`flavors.tas_pod_sets`: explicit requests,
+        and on a TAS-only ClusterQueue implied ones, each on its own flavor): the first it
+        cannot place, else the first that asks for a topology, else the first; with the
+        flavor it was placed on."""
+        chosen: tuple[PodSetRequest | None, str, PlacementAnswer | None] = (None, flavor, None)
+        replaced = self.replaced_slice(workload)
+        for pod_set, where in flavor_assigner.tas_pod_sets(workload, assigned, flavor, replaced):
+            answer = self._placement(where, pod_set)
+            if not answer.placeable:
+                return pod_set, where, answer
+            first = chosen[0]
+            if first is None or (first.topology.mode == "none" and pod_set.topology.mode != "none"):
+                chosen = (pod_set, where, answer)
+        return chosen
 
     def _unavailable_note(self, flavor: str, pod_set: PodSetRequest) -> str:
         """Why nodes the flavor selects are unavailable, when that is what blocks the pod set:
@@ -1222,16 +1283,6 @@ def _stub(key: Any) -> dict[str, Any]:
 def _shape_key(pod_set: PodSetRequest) -> tuple[Any, ...]:
     """What a placement answer depends on besides the flavor and the cluster."""
     return (pod_set.topology, pod_set.count, pod_set.per_pod, pod_set.constraints)
-
-
-def _topology_pod_set(workload: Workload) -> PodSetRequest | None:
-    """The first pod set that asks for a topology (required, preferred or slices): the one
-    Kueue's TAS can fail to place."""
-    for pod_set in workload.pod_sets:
-        request = pod_set.topology
-        if request.mode in ("required", "preferred") or request.slice_level is not None:
-            return pod_set
-    return None
 
 
 class _AvailableAgain:

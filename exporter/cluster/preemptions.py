@@ -8,10 +8,13 @@ its queue path). For each copy the judge pairs victim and preemptor, records the
 
 - "quota": the preemptor's ClusterQueue could not reserve some resource it needed (GPUs,
   cpu, memory, ...: Kueue checks each, flavorassigner.go `fitsResourceQuota`), named in the
-  record with its flavor, or it asked for no topology, so only quota could block it;
-- "topology": its queue had the quota for every resource, but no domain of its required
-  topology level held its pods, on the nodes its flavor selects and its pods may use (their
-  tolerations, nodeSelector and required affinity; every requested resource counted);
+  record with its flavor, or no pod set of it goes through TAS (it asked for no topology on a
+  queue that is not TAS-only), so only quota could block it;
+- "topology": its queue had the quota for every resource, but TAS could not place a pod set:
+  no domain of its required level held its pods, or a preferred, unconstrained or implied
+  request (a TAS-only ClusterQueue, tas_flavorassigner.go `isTASImplied`) found no room, on
+  the nodes its flavor selects and its pods may use (their tolerations, nodeSelector and
+  required affinity; every requested resource counted);
 - "unknown": anything else, with the reason (the preemptor not seen, the preemption older
   than `VERDICT_FRESHNESS_S`, the informers' first lists not all in, a model built from a dump).
 
@@ -22,7 +25,10 @@ with preemption), written in `analysis.preemption_verdict`. The judge reconstruc
 saw when it chose: quota from the model's own accounting of reservations at the preemption's
 time (clusterqueue.go `updateWorkloadUsage`: victims still holding theirs, the preemptor not
 yet; `exporter.cluster.reservations`), free capacity from the pods then (the victims' pods
-already deleted still held theirs, the preemptor's pods already bound had not taken theirs),
+already deleted still held theirs, the preemptor's pods already bound had not taken theirs,
+and workloads admitted by then, the same scheduling cycle included, held their topology
+assignment's nodes before their pods were bound), judged once the victim's eviction has
+arrived (`AWAITING_VICTIM`: what Kueue wrote before it is then in),
 both in the preemptor's own world: the flavors of its admission, else those Kueue's flavor
 assigner would try for it (`ClusterModel.assignment`: never a flavor its nodeSelector rules
 out), and only the domains its pods could use there. No ClusterQueue status is read, so the
@@ -40,18 +46,20 @@ from its handlers (`on_workload`, `on_event`, `pod_released`) and its event loop
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
 from exporter.cluster import analysis
-from exporter.cluster.capacity.flavors import QuotaAssignment
+from exporter.cluster.capacity.flavors import QuotaAssignment, tas_pod_sets
 from exporter.cluster.capacity.placement import (
     Eligibility,
     Fit,
     FreeCapacity,
     NodeResourcesFree,
+    PlacementAnswer,
     fit,
+    place,
 )
 from exporter.cluster.capacity.quota import Answer, QuotaTree
 from exporter.cluster.ledger import PreemptionLedger, PreemptionRecord, Verdict
@@ -66,6 +74,7 @@ from exporter.cluster.objects import (
     Workload,
 )
 from exporter.cluster.parse.kueue import parse_preemption_message, reason_for_cause
+from exporter.topology.labels import HOSTNAME_KEY
 from exporter.topology.tree import Placement, TopologyTree, level_of_label_key
 
 WorkloadKey = tuple[str, str]
@@ -78,9 +87,21 @@ VERDICT_FRESHNESS_S = 120.0
 RELEASE_MEMORY_S = 300.0
 AWAIT_PREEMPTOR_S = 60.0
 AWAITING_LISTS = "awaiting the informers' first lists; judged once every kind has listed"
+# A `Preempted` Event may arrive before the victim's Workload update that evicted it. Kueue
+# writes the workloads admitted earlier in the same scheduling cycle, and those that finished
+# before it, ahead of that eviction (scheduler.go `processEntry`: each admission adds its usage
+# to the cycle's snapshot, `AddUsage`, before later entries preempt), and one Workload watch
+# keeps the order of writes: the verdict waits for the eviction, so the quota and capacity it
+# judges include them. After AWAIT_PREEMPTOR_S it is judged with what has arrived.
+AWAITING_VICTIM = (
+    "awaiting the victim's Workload update that evicted it (the workloads admitted earlier in"
+    " the same scheduling cycle are written before it); judged then"
+)
 
 # Victim, preemptor ClusterQueue, reason, verdict.
 CountKey = tuple[str, str, str, str]
+# A pod that gave its node's resources back: node, GPUs, when, requests, its key.
+_Release = tuple[str, int, float, Resources, tuple[str, str]]
 
 
 class HoldsWorkload(Protocol):
@@ -129,6 +150,14 @@ class ClusterView(Protocol):
 
     def eligibility(self, flavor: str, pod_set: PodSetRequest | None = None) -> Eligibility: ...
 
+    def flavor_levels(self, flavor: str) -> tuple[str, ...] | None:
+        """The levels (node label keys, highest first) of the flavor's Topology, if known."""
+        ...
+
+    def replaced_slice(self, workload: Workload) -> Workload | None:
+        """The slice a Kueue elastic Workload replaces, while it holds its quota."""
+        ...
+
     def node_requested(self, node: str) -> Mapping[str, int]: ...
 
 
@@ -157,13 +186,16 @@ class PreemptionJudge:
         self.resource_counts: Counter[CountKey] = Counter()
         # Pods that gave back GPUs lately, by group: a preemption verdict must judge the
         # capacity Kueue saw, and the victims' pods may be gone before their condition arrives.
-        self._released: dict[object, list[tuple[str, int, float, Resources]]] = {}
+        # (node, GPUs, when, requests, pod key): the key tells two pods of one shape apart.
+        self._released: dict[object, list[_Release]] = {}
         self._released_order: deque[tuple[float, object]] = deque()
         # Ledger entries whose preemptor is not known yet, by preemptor UID: counted once it is.
         self._awaiting: dict[str, set[int]] = {}
         self._awaiting_since: deque[tuple[float, str, int]] = deque()
         # Entries whose verdict waits for the informers' first lists (AWAITING_LISTS).
         self._unjudged: set[int] = set()
+        # Entries whose verdict waits for the victim's eviction (AWAITING_VICTIM): since when.
+        self._awaiting_victim: dict[int, float] = {}
 
     # --- what the model tells the judge ---------------------------------------------------
 
@@ -193,10 +225,11 @@ class PreemptionJudge:
         return None
 
     def pod_released(self, pod: Pod, now: float) -> None:
-        """A pod that held GPUs is gone: remember where and what it requested, for verdicts
-        on the moment before."""
+        """A pod bound to a node is gone: remember where and what it requested (GPUs and
+        every other resource), for verdicts on the moment before."""
         for group in self._cluster.pod_groups(pod):
-            self._released.setdefault(group, []).append((pod.node, pod.gpus, now, pod.requests))
+            release = (pod.node, pod.gpus, now, pod.requests, pod.key)
+            self._released.setdefault(group, []).append(release)
             self._released_order.append((now, group))
         while self._released_order and now - self._released_order[0][0] > RELEASE_MEMORY_S:
             _, group = self._released_order.popleft()
@@ -211,6 +244,8 @@ class PreemptionJudge:
         AWAIT_PREEMPTOR_S are counted as they are."""
         if self._awaiting_since:
             self._flush_awaiting(now)
+        if self._awaiting_victim:
+            self._flush_awaiting_victim(now)
 
     def judge_deferred(self, now: float) -> None:
         """Every kind has listed: judge what waited for it, and count the live ones whose
@@ -294,7 +329,12 @@ class PreemptionJudge:
         reason = reason_hint if reason_hint.startswith("In") else ""
         if not reason and note is not None:
             reason = reason_for_cause(note.cause)
-        verdict, detail, short = self._verdict(preemptor, victim, time, now)
+        preemptor_uid = note.preemptor_uid if note is not None else ""
+        verdict: Verdict
+        if source == "event" and self.enabled and not _evicted(victim, preemptor_uid, time):
+            verdict, detail, short = "unknown", AWAITING_VICTIM, ("", "")
+        else:
+            verdict, detail, short = self._verdict(preemptor, victim, time, now)
         return PreemptionRecord(
             time=time,
             victim_namespace=victim_key[0],
@@ -344,6 +384,11 @@ class PreemptionJudge:
             stored = replace(stored, observed="live")
             self.ledger.update(rid, stored)
         waiting = rid in self._uncounted_ids(stored.preemptor_uid)
+        if stored.verdict_detail == AWAITING_VICTIM:
+            self._awaiting_victim.setdefault(rid, now)
+            waiting = True  # counted once judged (the victim's copy, or _flush_awaiting_victim)
+        elif self._awaiting_victim.pop(rid, None) is not None:
+            settled = True  # judged now: counted below unless something else still waits
         if stored.verdict_detail == AWAITING_LISTS:
             self._unjudged.add(rid)
             waiting = True  # counted once judged (judge_deferred)
@@ -384,7 +429,8 @@ class PreemptionJudge:
             victim = self._workload((known.victim_namespace, known.victim_name))
             verdict, detail = known.verdict, known.verdict_detail
             short = (known.resource, known.flavor)
-            if now - known.time <= VERDICT_FRESHNESS_S:
+            awaiting_victim = rid in self._awaiting_victim
+            if now - known.time <= VERDICT_FRESHNESS_S and not awaiting_victim:
                 verdict, detail, short = self._verdict(preemptor, victim, known.time, now)
             settled = replace(
                 known,
@@ -401,8 +447,32 @@ class PreemptionJudge:
             self.ledger.update(rid, settled)
             if settled.verdict_detail == AWAITING_LISTS:
                 self._unjudged.add(rid)
+            elif awaiting_victim:
+                pass  # judged and counted with the victim's eviction
             elif settled.observed == "live":
                 self._count(settled)
+
+    def _flush_awaiting_victim(self, now: float) -> None:
+        """A victim whose eviction has not arrived within AWAIT_PREEMPTOR_S (deleted at
+        once, or a slow watch): judge its preemption with what has arrived, and count it."""
+        for rid, since in list(self._awaiting_victim.items()):
+            if now - since <= AWAIT_PREEMPTOR_S:
+                continue
+            del self._awaiting_victim[rid]
+            known = self.ledger.get(rid)
+            if known is None or known.verdict_detail != AWAITING_VICTIM:
+                continue
+            victim = self._workload((known.victim_namespace, known.victim_name))
+            preemptor = self._cluster.find_workload(known.preemptor_uid, known.preemptor_job_uid)
+            verdict, detail, short = self._verdict(preemptor, victim, known.time, now)
+            judged = replace(
+                known, verdict=verdict, verdict_detail=detail, resource=short[0], flavor=short[1]
+            )
+            self.ledger.update(rid, judged)
+            if detail == AWAITING_LISTS:
+                self._unjudged.add(rid)
+            elif judged.observed == "live" and rid not in self._uncounted_ids(known.preemptor_uid):
+                self._count(judged)
 
     def _flush_awaiting(self, now: float) -> None:
         """A preemptor that never shows up (deleted already) leaves its live victims counted
@@ -455,18 +525,17 @@ class PreemptionJudge:
             )
         if preemptor is None:
             return "unknown", "the preemptor is not known to topowatch", none
-        pod_set = _required_pod_set(preemptor)
-        level = (
-            level_of_label_key(pod_set.topology.level)
-            if pod_set is not None and pod_set.topology.level
-            else None
-        )
         tree = cluster.quota_tree(at=time, exclude=(preemptor.key,))
         flavor, quota = cluster.quota_for(preemptor, tree)
         assignment = cluster.assignment(preemptor, tree)
+        tas = tas_pod_sets(preemptor, assignment, flavor, cluster.replaced_slice(preemptor))
+        level: str | None = None
         fitted: Fit | None = None
+        placed: PlacementAnswer | None = None
         quota_fits = assignment is None or assignment.fits
-        if level is not None and pod_set is not None and quota is not None and quota_fits:
+        if tas and not quota_fits:
+            level = ""  # TAS is asked for, but Kueue never tried it: quota was short
+        if tas and quota is not None and quota_fits:
             victims = [victim] if victim is not None else []
             for earlier in self.ledger.caused_by(preemptor.uid):
                 if abs(earlier.time - time) <= 10.0 and earlier.victim_name != (
@@ -475,10 +544,10 @@ class PreemptionJudge:
                     state = cluster.workloads.get((earlier.victim_namespace, earlier.victim_name))
                     if state is not None:
                         victims.append(state.workload)
-            capacity = self._capacity_before(preemptor, victims)
-            fitted = self._fit(pod_set, flavor, capacity)
+            capacity = self._capacity_before(preemptor, victims, time)
+            level, fitted, placed = self._tas(tas, capacity)
         verdict, detail = analysis.preemption_verdict(
-            preemptor.gpus_requested, level, quota, fitted, assignment
+            preemptor.gpus_requested, level, quota, fitted, assignment, placed
         )
         short = none
         if verdict == "quota" and assignment is not None and assignment.short:
@@ -486,15 +555,27 @@ class PreemptionJudge:
             short = (first.resource, first.flavor)
         return verdict, detail, short
 
-    def _capacity_before(self, preemptor: Workload, victims: list[Workload]) -> FreeCapacity:
+    def _capacity_before(
+        self, preemptor: Workload, victims: list[Workload], time: float | None = None
+    ) -> FreeCapacity:
         """Free capacity per node as Kueue saw it when it chose to preempt: victims' pods
-        already deleted still held their GPUs (and every other resource) then, and the
-        preemptor's pods already bound had not taken theirs yet."""
+        already deleted still held their GPUs (and every other resource) then, the
+        preemptor's pods already bound had not taken theirs yet, and workloads that held a
+        topology assignment then (admitted earlier, in the same scheduling cycle too) held
+        its nodes' resources even where their pods are not bound yet: Kueue's TAS counts a
+        workload's TopologyAssignment from its admission (scheduler.go `processEntry` adds
+        each admission's usage to the cycle's snapshot, `AddUsage`; tas_flavor_snapshot.go
+        counts admitted workloads by assignment, pods only for non-TAS usage)."""
         cluster = self._cluster
         delta_by_node: Counter[str] = Counter()
         other: dict[str, Counter[str]] = {}
+        if time is not None:
+            skip = {preemptor.key, *(v.key for v in victims)}  # victims: their pods, below
+            for node, gpus, requests in _unbound_assignments(cluster, skip, time):
+                delta_by_node[node] -= gpus
+                _add_requests(other, node, requests, -1, count=0)
         for victim in victims:
-            seen: set[tuple[str, int, float, Resources]] = set()
+            seen: set[_Release] = set()
             for group in cluster.workload_groups(victim):
                 for release in self._released.get(group, ()):
                     if release not in seen:
@@ -502,7 +583,7 @@ class PreemptionJudge:
                         delta_by_node[release[0]] -= release[1]
                         _add_requests(other, release[0], release[3], -1)
         for pod in cluster.pods_of(preemptor):
-            if pod.holds_gpus:
+            if pod.bound:
                 delta_by_node[pod.node] += pod.gpus
                 _add_requests(other, pod.node, pod.requests, 1)
         before = _FreeBefore(cluster.tree, cluster.nodes, dict(delta_by_node))
@@ -517,6 +598,39 @@ class PreemptionJudge:
             }
 
         return NodeResourcesFree(before, cluster.nodes, used_then)
+
+    def _tas(
+        self, tas: Sequence[tuple[PodSetRequest, str]], capacity: FreeCapacity
+    ) -> tuple[str, Fit | None, PlacementAnswer | None]:
+        """Kueue's TAS on each pod set it places (`tas_pod_sets`), against `capacity`: the
+        first that does not fit (else the first that asks for a required level, else the
+        first), as (its level name, or "" when not a required level; the required level's
+        `Fit`; or where `place` would put any other request, the implied one included)."""
+        chosen: tuple[str, Fit | None, PlacementAnswer | None] | None = None
+        for pod_set, flavor in tas:
+            request = pod_set.topology
+            one: tuple[str, Fit | None, PlacementAnswer | None]
+            if request.mode == "required" and request.level:
+                fitted = self._fit(pod_set, flavor, capacity)
+                ok = fitted is not None and fitted.fits
+                one = (level_of_label_key(request.level) or request.level, fitted, None)
+            else:
+                placed = place(
+                    capacity,
+                    self._cluster.eligibility(flavor, pod_set).nodes,
+                    request,
+                    pod_set.count,
+                    pod_set.gpus_per_pod,
+                    levels=self._cluster.flavor_levels(flavor),
+                    requests=pod_set.per_pod,
+                )
+                ok = placed.placeable
+                one = ("", None, placed)
+            if not ok:
+                return one
+            if chosen is None or (chosen[1] is None and one[1] is not None):
+                chosen = one
+        return chosen if chosen is not None else ("", None, None)
 
     def _fit(self, pod_set: PodSetRequest, flavor: str, capacity: FreeCapacity) -> Fit | None:
         request = pod_set.topology
@@ -542,27 +656,99 @@ class PreemptionJudge:
         return held or workload.gpus_requested
 
 
-def _add_requests(into: dict[str, Counter[str]], node: str, requests: Resources, sign: int) -> None:
-    """A pod's requests (and itself, as one pod) on `node`, added with `sign`."""
+def _add_requests(
+    into: dict[str, Counter[str]], node: str, requests: Resources, sign: int, count: int = 1
+) -> None:
+    """A pod's requests (and itself, as `count` pods) on `node`, added with `sign`."""
     delta = into.get(node)
     if delta is None:
         delta = into[node] = Counter()
-    delta[PODS_RESOURCE] += sign
+    delta[PODS_RESOURCE] += sign * count
     for name, amount in requests:
         if name != GPU_RESOURCE:  # GPUs go through _FreeBefore, which the tree backs
             delta[name] += sign * amount
 
 
+def _unbound_assignments(
+    cluster: ClusterView, skip: set[WorkloadKey], time: float
+) -> list[tuple[str, int, Resources]]:
+    """What workloads holding a topology assignment at `time` (quota reserved then, those in
+    `skip` aside) hold on each node beyond what their bound pods request there: their pods
+    not created or not bound yet. Per node: (node, GPUs, every resource and `pods`)."""
+    out: list[tuple[str, int, Resources]] = []
+    by_hostname: dict[str, str] | None = None
+    for state in cluster.workloads.values():
+        workload = state.workload
+        if workload.key in skip or not workload.placements:
+            continue
+        reserved = workload.condition("QuotaReserved")
+        if reserved is None or reserved.status != "True" or workload.is_true("Finished"):
+            continue
+        if reserved.last_transition is not None and reserved.last_transition > time:
+            continue
+        expected: dict[str, Counter[str]] = {}
+        per_pod = {p.name: p.per_pod for p in workload.pod_sets}
+        for placement in workload.placements:
+            if not placement.levels or placement.levels[-1] != HOSTNAME_KEY:
+                continue
+            for domain in placement.domains:
+                if not domain.values:
+                    continue
+                node = domain.values[-1]
+                if node not in cluster.nodes:
+                    if by_hostname is None:
+                        by_hostname = {
+                            dict(n.labels).get(HOSTNAME_KEY, name): name
+                            for name, n in cluster.nodes.items()
+                        }
+                    node = by_hostname.get(node, node)
+                into = expected.setdefault(node, Counter())
+                into[PODS_RESOURCE] += domain.count
+                for name, amount in per_pod.get(placement.name, ()):
+                    into[name] += amount * domain.count
+        if not expected:
+            continue
+        for pod in cluster.pods_of(workload):
+            if pod.bound and pod.node in expected:
+                into = expected[pod.node]
+                into[PODS_RESOURCE] -= 1
+                for name, amount in pod.requests:
+                    into[name] -= amount
+        for node, left in expected.items():
+            if left[PODS_RESOURCE] <= 0:
+                continue
+            gpus = max(0, left.get(GPU_RESOURCE, 0))
+            rest = tuple(
+                (name, amount)
+                for name, amount in sorted(left.items())
+                if name not in (GPU_RESOURCE, PODS_RESOURCE) and amount > 0
+            )
+            out.append((node, gpus, (*rest, (PODS_RESOURCE, left[PODS_RESOURCE]))))
+    return out
+
+
+def _evicted(victim: Workload | None, preemptor_uid: str, time: float) -> bool:
+    """Whether the Workload watch has shown the victim's eviction by `preemptor_uid` (its
+    Preempted or Evicted condition names the preemptor), or anything written after `time`:
+    then every Workload write before the preemption has arrived too. An unknown victim
+    (deleted already, or never listed) has nothing more to wait for."""
+    if victim is None:
+        return True
+    for cond in victim.conditions:
+        if cond.last_transition is not None and cond.last_transition > time:
+            return True
+        if (
+            cond.type in ("Preempted", "Evicted")
+            and cond.status == "True"
+            and preemptor_uid
+            and preemptor_uid in cond.message
+        ):
+            return True
+    return False
+
+
 def _queue_from_path(path: tuple[str, ...]) -> str:
     return path[-1] if path else ""
-
-
-def _required_pod_set(workload: Workload) -> PodSetRequest | None:
-    """The pod set whose required topology can block admission (preferred ones fall back)."""
-    for pod_set in workload.pod_sets:
-        if pod_set.topology.mode == "required" and pod_set.topology.level:
-            return pod_set
-    return None
 
 
 class _FreeBefore:

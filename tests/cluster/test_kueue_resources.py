@@ -36,7 +36,7 @@ import random
 import re
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import redirect_stdout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ from tests.cluster.test_kueue_semantics import (
     Live,
     Story,
     crd_problems,
+    interleave,
     replay,
 )
 from tests.conftest import promtool_lint
@@ -70,6 +71,7 @@ L1 = "topology.k8s.aws/network-node-layer-1"
 L2 = "topology.k8s.aws/network-node-layer-2"
 L3 = "topology.k8s.aws/network-node-layer-3"
 HOSTNAME = "kubernetes.io/hostname"
+ULTRASERVER = "topology.k8s.aws/ultraserver-id"
 INSTANCE = "node.kubernetes.io/instance-type"
 GPU = "nvidia.com/gpu"
 P5 = "ml.p5.48xlarge"
@@ -793,6 +795,190 @@ def check_slices(view: Mapping[str, Any], found: Answers) -> None:
     assert not any("room for 2 more pods" in f for f in fixes), fixes
 
 
+# --- issue 27's last classes: the implied TAS request, and flavors passed over -----------------
+
+US_TOPOLOGY = "hyperpod-ultraserver-topology"
+
+
+def us_topology() -> Obj:
+    """The GB200 flavor's Topology: an UltraServer level between layer 3 and the node."""
+    levels = [{"nodeLabel": key} for key in (L1, L2, L3, ULTRASERVER, HOSTNAME)]
+    return kueue(
+        {
+            "apiVersion": KUEUE_API,
+            "kind": "Topology",
+            "metadata": {"name": US_TOPOLOGY},
+            "spec": {"levels": levels},
+        }
+    )
+
+
+def _gb200_nodes(scene: Scene, count: int = 4, taints: Sequence[Obj] = ()) -> None:
+    scene.add(
+        "nodes",
+        *(
+            node(
+                f"g{i}",
+                "nn-g",
+                l2="nn-g-mid",
+                gpus=4,
+                instance=GB200,
+                ultraserver="us-1",
+                taints=taints,
+            )
+            for i in range(1, count + 1)
+        ),
+    )
+
+
+def implied_request_fragmented() -> tuple[Scene, str]:
+    """Every flavor of a's queue has a Topology (a TAS-only ClusterQueue), so its job, which
+    asks for no topology, gets an implied one: TAS places its pod on any node, every resource
+    counted. Quota has room (64 GPUs, none in use), but team z holds 4 GPUs of each of the
+    4 nodes: no node has 8 free. Kueue says topology; before issue 27 topowatch read "no
+    request" as quota-only and said quota."""
+    scene = Scene()
+    scene.base()
+    _two_domains(scene, busy=())
+    scene.queue(p5_queue("z"))
+    everywhere = ["n1", "n2", "n3", "n4"]
+    scene.run(workload("z", "z-half", 4, {GPU: "4"}, admitted_on=everywhere), everywhere)
+    scene.queue(p5_queue("a"))
+    wl = workload("a", "any-node", 1, {GPU: "8", "cpu": "96"}, message=_topology_message(1))
+    return scene, scene.pend(wl)
+
+
+def flavor_without_the_level() -> tuple[Scene, str]:
+    """a's queue lists p5 (whose Topology has no UltraServer level) then GB200 (whose has).
+    The job asks for one UltraServer: Kueue passes p5 over ('does not contain the requested
+    level') and finds GB200's memory short of its maximum capacity. The short resource is
+    GB200's memory, never p5's GPUs or memory (which have room)."""
+    scene = Scene()
+    gb200 = flavor(GB200)
+    gb200["spec"]["topologyName"] = US_TOPOLOGY
+    scene.base(flavor(P5), kueue(gb200))
+    scene.add("topologies", us_topology())
+    _two_domains(scene, busy=())
+    _gb200_nodes(scene)
+    groups = [
+        (
+            [GPU, "memory"],
+            [(P5, {GPU: "64", "memory": "4Ti"}), (GB200, {GPU: "48", "memory": "1Ti"})],
+        )
+    ]
+    scene.queue(cluster_queue("a", groups))
+    message = (
+        f'couldn\'t assign flavors to pod set main: Flavor "{P5}" does not contain the requested'
+        f" level, insufficient quota for memory in flavor {GB200}, previously considered podsets"
+        " requests (0) + current podset request (1200Gi) > maximum capacity (1Ti)"
+    )
+    wl = workload(
+        "a",
+        "on-one-ultraserver",
+        2,
+        {GPU: "4", "memory": "600Gi"},
+        topology_request=("required", ULTRASERVER),
+        message=message,
+    )
+    return scene, scene.pend(wl)
+
+
+def untolerated_flavor_skipped() -> tuple[Scene, str]:
+    """a's queue lists GB200 first (its nodeTaints: EKS's nvidia.com/gpu taint, plenty of
+    quota), then p5 (1Ti of memory). The job's pods tolerate nothing: Kueue passes GB200 over
+    ('untolerated taint ... in flavor') and finds p5's memory short of its maximum capacity;
+    the short resource is p5's, never GB200's."""
+    scene = Scene()
+    scene.base(flavor(GB200, taints=[EKS_GPU_TAINT]), flavor(P5))
+    _two_domains(scene, busy=())
+    _gb200_nodes(scene, taints=[EKS_GPU_TAINT])
+    groups = [
+        (
+            [GPU, "memory"],
+            [(GB200, {GPU: "48", "memory": "4Ti"}), (P5, {GPU: "64", "memory": "1Ti"})],
+        )
+    ]
+    scene.queue(cluster_queue("a", groups))
+    message = (
+        f"couldn't assign flavors to pod set main: insufficient quota for memory in flavor {P5},"
+        " previously considered podsets requests (0) + current podset request (1200Gi) >"
+        " maximum capacity (1Ti), untolerated taint {nvidia.com/gpu true NoSchedule <nil>} in"
+        f" flavor {GB200}"
+    )
+    return scene, scene.pend(
+        workload("a", "no-toleration", 2, {GPU: "4", "memory": "600Gi"}, message=message)
+    )
+
+
+def _slice(wl: Obj, origin: str, replaces: str = "") -> Obj:
+    """Kueue's elastic Job annotations (ElasticJobsViaWorkloadSlices) on a Workload slice."""
+    annotations = wl["metadata"].setdefault("annotations", {})
+    annotations["kueue.x-k8s.io/elastic-job"] = "true"
+    annotations["kueue.x-k8s.io/workload-slice-name"] = origin
+    if replaces:
+        annotations["kueue.x-k8s.io/workload-slice-replacement-for"] = replaces
+    return kueue(wl)
+
+
+def slice_adds_one_pod() -> tuple[Scene, str]:
+    """A Kueue elastic Job grows from 2 to 3 pods of 8 GPUs: its new slice replaces the
+    admitted one (2 pods on n1, n2), which keeps its quota and its nodes meanwhile. a's queue
+    holds 24 GPUs: the new slice asks only for the 8 it adds, which fit; TAS keeps the old
+    pods where they are and places the one it adds, for which no node has room (z runs on
+    n3, n4): topology, never "8 more nvidia.com/gpu" (the whole 24 against 8 unused)."""
+    scene = Scene()
+    scene.base()
+    _two_domains(scene, busy=("n3", "n4"))
+    scene.queue(p5_queue("a", gpu="24"))
+    old = workload("a", "job-grow-1", 2, {GPU: "8"}, admitted_on=["n1", "n2"], created=T - 600)
+    scene.run(_slice(old, "job-grow-1"), ["n1", "n2"])
+    new = workload("a", "job-grow-2", 3, {GPU: "8"}, message=_topology_message(1))
+    return scene, scene.pend(_slice(new, "job-grow-1", replaces="a/job-grow-1"))
+
+
+def check_slice_delta(view: Mapping[str, Any], found: Answers) -> None:
+    pending = view["pending"]
+    assert pending["cause"] == "topology", pending
+    assert pending["short"] == [] and pending["quota_available_gpus"] == 8, pending
+    assert (
+        "implied request (TAS-only queue) at node: only 0 of 1 pod of 8 GPUs fit on all 4 nodes"
+        in pending["summary"]
+    ), pending["summary"]
+
+
+def check_implied(view: Mapping[str, Any], found: Answers) -> None:
+    pending = view["pending"]
+    assert pending["cause"] == "topology", pending
+    assert (
+        "implied request (TAS-only queue) at node: only 0 of 1 pod of 8 GPUs fit on all 4 nodes"
+        in pending["summary"]
+    ), pending["summary"]
+    assert pending["quota_available_gpus"] == 64 and pending["short"] == []
+    fixes = view["would_run_if"]
+    assert any("its flavor's nodes had room for 1 more pod of 8 GPUs" in f for f in fixes), fixes
+    assert not any("relaxed" in f or "label" in f for f in fixes), fixes
+    assert (
+        'topowatch_pending_workloads{cluster_queue="a-cq",cause="topology"} 1' in found.metrics
+    ), [line for line in found.metrics.splitlines() if "pending_workloads" in line]
+
+
+def check_level_skipped(view: Mapping[str, Any], found: Answers) -> None:
+    pending = view["pending"]
+    assert (pending["cause"], pending["label"]) == ("quota", "quota (maximum capacity)"), pending
+    assert _shortfall(view) == [("memory", GB200, "maximum capacity", "176Gi more memory")]
+    assert pending["flavor"] == GB200
+    assert pending["short"][0]["kueue_message"] in pending["quota_message"]
+    _no_placement_advice(view)
+
+
+def check_taint_skipped(view: Mapping[str, Any], found: Answers) -> None:
+    pending = view["pending"]
+    assert (pending["cause"], pending["label"]) == ("quota", "quota (maximum capacity)"), pending
+    assert _shortfall(view) == [("memory", P5, "maximum capacity", "176Gi more memory")]
+    assert pending["flavor"] == P5
+    assert pending["short"][0]["kueue_message"] in pending["quota_message"]
+
+
 ROWS = [
     Row(
         "memory-above-maximum-capacity",
@@ -870,6 +1056,39 @@ ROWS = [
         " domains of floor(pods / slice size)",
         slices_one_pod_short,
         check_slices,
+    ),
+    Row(
+        "implied-request-fragmented",
+        "tas_flavorassigner.go isTASImplied / clusterqueue.go isTASOnly: on a ClusterQueue whose"
+        " flavors all have a Topology a pod set without a request is placed by TAS"
+        " (unconstrained at the lowest level, levelKeyWithImpliedFallback), every resource per"
+        " node; quota that fits while no node holds a pod is a TAS failure",
+        implied_request_fragmented,
+        check_implied,
+    ),
+    Row(
+        "flavor-without-the-level",
+        "tas_flavorassigner.go checkPodSetAndFlavorMatchForTAS (TASFlavorSnapshot.HasLevel): a"
+        " flavor whose Topology lacks the requested level is passed over before quota is"
+        " checked; the short resource is the next flavor's",
+        flavor_without_the_level,
+        check_level_skipped,
+    ),
+    Row(
+        "untolerated-flavor-skipped",
+        "flavorassigner.go checkFlavorForPodSets (FindMatchingUntoleratedTaint on the flavor's"
+        " nodeTaints, the pod's tolerations plus the flavor's): an untolerated flavor is passed"
+        " over before quota is checked; the short resource is the next flavor's",
+        untolerated_flavor_skipped,
+        check_taint_skipped,
+    ),
+    Row(
+        "slice-asks-only-what-it-adds",
+        "flavorassigner.go findFlavorForPodSets/findOldPodSetRequest (a slice replacing another"
+        " keeps its flavor and asks 'only the delta needed') and tas_elastic_workloads.go"
+        " handleScaleUp (the old pods stay, only the added ones are placed)",
+        slice_adds_one_pod,
+        check_slice_delta,
     ),
 ]
 
@@ -1216,6 +1435,186 @@ def test_the_quota_preemption_counter_names_the_resource() -> None:
         'reason="InClusterQueue",resource="memory"} 1'
     ) in body
     assert promtool_lint(exposition) == ""
+
+
+# --- topology-driven preemptions: the implied request, and the same scheduling cycle -------------
+
+
+def _running(cq: str, name: str, nodes: Sequence[str], gpus: str = "8") -> list[Delivery]:
+    """A workload of team `cq` running one pod on each of `nodes`, known before the story."""
+    wl = workload(cq, name, len(nodes), {GPU: gpus}, admitted_on=nodes, created=T - 900)
+    return [
+        Delivery("Workload", "ADDED", wl, "running"),
+        *(Delivery("Pod", "ADDED", pod, "running-pod") for pod in pods_of(wl, nodes)),
+    ]
+
+
+def _claim(message: str, on: Sequence[str], pods: int = 1) -> tuple[Obj, Obj]:
+    """a's 8-GPU job asking for no topology: pending with Kueue's `message`, then admitted."""
+    pending = workload("a", "claim", pods, {GPU: "8"}, priority=100, created=T, message=message)
+    placed = workload(
+        "a",
+        "claim",
+        pods,
+        {GPU: "8"},
+        priority=100,
+        created=T,
+        admitted_on=on,
+        rv="2",
+        conditions=s.admitted_conditions("a-cq", T + 2),
+    )
+    return pending, placed
+
+
+IMPLIED_PHRASES = (
+    "implied request (TAS-only queue) at node: only 0 of 1 pod of 8 GPUs fit on all 4 nodes",
+)
+
+
+def implied_story() -> Story:
+    """a's queue (64 GPUs, TAS-only: its one flavor has a Topology) runs `low` (4 GPUs) on n1;
+    team z fills n2-n4. `claim` (8 GPUs, no topology request) has the quota but no node has 8
+    free: Kueue's TAS, implied, fails, so Kueue preempts `low` to make room (assignFlavors:
+    Preempt after a TAS failure). Before issue 27 topowatch said quota ("asked for no
+    topology, so only quota could block it")."""
+    pending, placed = _claim(
+        _topology_message(1) + ". Pending the preemption of 1 workload(s)", ["n1"]
+    )
+    low = workload("a", "low", 1, {GPU: "4"}, admitted_on=["n1"], priority=10, created=T - 600)
+    return _story(
+        "implied",
+        [p5_queue("a"), p5_queue("z")],
+        "",
+        [(low, ["n1"])],
+        pending,
+        placed,
+        ["n1"],
+        "InClusterQueue",
+        "prioritization in the ClusterQueue",
+        "topology",
+        IMPLIED_PHRASES,
+        extra=(
+            Delivery("ResourceFlavor", "ADDED", flavor(P5), "flavor"),
+            *_running("z", "z-busy", ["n2", "n3", "n4"]),
+        ),
+    )
+
+
+def same_cycle_story() -> Story:
+    """In one scheduling cycle Kueue admits `early` (8 GPUs, a's queue) on n2, then finds no
+    node for `claim` (n1 runs `low`, z fills n3, n4) and preempts `low`. `early`'s pods are
+    not bound yet when the preemption is judged, and its admission may reach topowatch after
+    the victim's Preempted Event: Kueue counted it (scheduler.go processEntry adds each
+    admission's usage to the cycle's snapshot, AddUsage; TAS counts its TopologyAssignment),
+    so the verdict is topology, not "TAS places it" on n2 (unknown)."""
+    pending, placed = _claim(
+        _topology_message(1) + ". Pending the preemption of 1 workload(s)", ["n1"]
+    )
+    low = workload("a", "low", 1, {GPU: "8"}, admitted_on=["n1"], priority=10, created=T - 600)
+    story = _story(
+        "same-cycle",
+        [p5_queue("a", gpu="32"), p5_queue("z")],
+        "",
+        [(low, ["n1"])],
+        pending,
+        placed,
+        ["n1"],
+        "InClusterQueue",
+        "prioritization in the ClusterQueue",
+        "topology",
+        IMPLIED_PHRASES,
+        extra=(
+            Delivery("ResourceFlavor", "ADDED", flavor(P5), "flavor"),
+            *_running("z", "z-busy", ["n3", "n4"]),
+        ),
+    )
+    early = workload("a", "early", 1, {GPU: "8"}, priority=50, created=T - 30, message="")
+    admitted = workload(
+        "a",
+        "early",
+        1,
+        {GPU: "8"},
+        priority=50,
+        created=T - 30,
+        admitted_on=["n2"],
+        rv="2",
+        conditions=s.admitted_conditions("a-cq", T),
+    )
+    history = History(
+        (
+            Delivery("Workload", "ADDED", early, "early"),
+            Delivery("Workload", "MODIFIED", admitted, "early-admitted"),
+        ),
+        prior=1,
+    )
+    # `claim` waited before the cycle (Kueue's candidates and its own entry are of the
+    # cycle's snapshot): known before, as `low` and `early` are
+    objects = tuple(
+        History(h.versions, prior=1) if h.versions[0].label == "preemptor" else h
+        for h in story.objects
+    )
+    return replace(story, objects=(*objects, history))
+
+
+# The order Kueue writes Workloads in one cycle, which one Workload watch keeps.
+_WRITES = {"early-admitted": 0, "evicted": 1, "preemptor": 2, "admitted": 3}
+
+
+def watch_order(story: Story, rng: random.Random) -> list[Delivery]:
+    """As a watching service gets it: what existed before in any order, then the changes with
+    each kind's watch keeping the order of its writes (Workloads as Kueue wrote them), the
+    kinds interleaved at random."""
+    before = [h.versions[: h.prior] for h in story.objects if h.prior]
+    changes = [d for h in story.objects for d in h.versions[h.prior :]]
+    workloads = sorted((d for d in changes if d.kind == "Workload"), key=lambda d: _WRITES[d.label])
+    others = [[d] for d in changes if d.kind != "Workload"]
+    return [*story.cluster, *interleave(rng, before), *interleave(rng, [workloads, *others])]
+
+
+TOPOLOGY_STORIES = {"implied": implied_story, "same-cycle": same_cycle_story}
+
+
+@pytest.mark.parametrize("name", sorted(TOPOLOGY_STORIES))
+def test_a_topology_preemption_of_a_pod_set_without_a_request(name: str) -> None:
+    """Rules: tas_flavorassigner.go isTASImplied (a TAS-only ClusterQueue places every pod
+    set by TAS) and scheduler.go processEntry -> AddUsage (what the cycle admitted before
+    counts, its TopologyAssignment included). 30 seeded orders as the watches deliver them
+    (the Preempted Event before or after the evictions and admissions), one verdict."""
+    story = TOPOLOGY_STORIES[name]()
+    seen: set[tuple[str, str]] = set()
+    for seed in range(30):
+        model = replay(watch_order(story, random.Random(seed)))
+        (record,) = list(model.ledger)
+        seen.add((record.verdict, record.verdict_detail))
+        assert dict(model.preemption_counts) == {story.counted: 1}
+        assert dict(model.quota_preemption_counts) == {}
+    assert len(seen) == 1, seen
+    ((verdict, detail),) = seen
+    assert verdict == "topology", detail
+    for phrase in story.phrases:
+        assert phrase in detail, detail
+
+
+def test_a_verdict_waits_for_the_victims_eviction() -> None:
+    """The Preempted Event first, the cycle's admission and the eviction after it: the verdict
+    is not judged on the cluster without `early` (which would place `claim` on n2), nor
+    counted, until the eviction arrives."""
+    story = same_cycle_story()
+    order = watch_order(story, random.Random(0))
+    event = next(d for d in order if d.kind == "Event")
+    rest = [d for d in order if d is not event]
+    first_change = next(i for i, d in enumerate(rest) if d.label in ("early-admitted", "evicted"))
+    order = [*rest[:first_change], event, *rest[first_change:]]
+    model = ClusterModel()
+    for i, delivery in enumerate(order):
+        model.apply(delivery.kind, delivery.type, delivery.obj, T + 0.25 * i)
+        if delivery is event:
+            (record,) = list(model.ledger)
+            assert record.verdict == "unknown" and "awaiting the victim" in record.verdict_detail
+            assert dict(model.preemption_counts) == {}
+    (record,) = list(model.ledger)
+    assert record.verdict == "topology", record.verdict_detail
+    assert dict(model.preemption_counts) == {story.counted: 1}
 
 
 # --- capacity per flavor: never two instance types added together ------------------------------

@@ -1046,14 +1046,17 @@ def preferred_that_cannot_spread() -> tuple[Scene, str]:
 
 def level_not_in_topology() -> tuple[Scene, str]:
     """An UltraServer is asked for on the p5 flavor, whose Topology has no such level (and
-    whose nodes carry no UltraServer label)."""
+    whose nodes carry no UltraServer label): Kueue's flavor assigner passes the flavor over
+    before quota or TAS is tried, so no flavor of the queue suits the pod set."""
     scene = Scene()
     scene.flavors(P5)
     _grid(scene, ("nn-a", "nn-b"), 2)
     scene.cq("a", {P5: Quota(32)})
-    return scene, scene.pend(
-        "a", "a-next", 2, topology=("required", ULTRASERVER), message=topology_message(2)
+    message = (
+        f'couldn\'t assign flavors to pod set main: Flavor "{P5}" does not contain the'
+        " requested level"
     )
+    return scene, scene.pend("a", "a-next", 2, topology=("required", ULTRASERVER), message=message)
 
 
 def no_eligible_node() -> tuple[Scene, str]:
@@ -1236,20 +1239,23 @@ ROWS = [
     ),
     Row(
         "level-not-in-topology",
-        "tas_flavor_snapshot.go findTopologyAssignment 'no requested topology level': a level"
-        " the flavor's Topology lacks places nothing, and the answer says so rather than"
-        " blaming quota (the issue's self-contradicting fallback)",
+        "tas_flavorassigner.go checkPodSetAndFlavorMatchForTAS (TASFlavorSnapshot.HasLevel): a"
+        ' flavor whose Topology lacks the requested level is passed over (\'Flavor "F" does'
+        " not contain the requested level'); with no flavor left the pod set matches none,"
+        " never quota (the issue's self-contradicting fallback)",
         level_not_in_topology,
         Expect(
-            "topology",
-            ("quota allows 32 GPUs", "ultraserver-id is not a level of the flavor's Topology"),
+            "misconfigured",
+            (f'Flavor "{P5}" does not contain the requested level',),
             32,
-            offline="a dump has no Topology objects: the flavor's levels are unknown, so the"
-            " missing level reads as a level no node carries (true, and still topology)",
+            offline="a dump has no Topology objects (nor ResourceFlavors): the flavor's levels"
+            " are unknown, so Kueue's own message says which flavor lacks the level; the quota"
+            " figure carries the dump caveat",
             offline_check=lambda p: (
-                p["cause"] == "topology"
+                p["cause"] == "misconfigured"
                 and p["quota_available_gpus"] == 32
-                and "none of the 4 eligible nodes carries the label" in p["summary"]
+                and p["flavor_mismatches"]
+                == [f'Flavor "{P5}" does not contain the requested level']
             ),
         ),
     ),

@@ -12,9 +12,13 @@ flavorassigner.go `assignFlavors`, at kubernetes-sigs/kueue@ff69552e79ad, `KUEUE
   ... in flavor F"), one whose spec.nodeLabels the pod's nodeSelector or required node
   affinity rule out, read only on the label keys the flavor sets (`flavorSelector`: "flavor
   F doesn't match node affinity"), and for a pod set asking for a topology, a flavor without
-  a Topology ("does not support TopologyAwareScheduling"), or for one asking for none, a TAS
-  flavor in a queue whose flavors are not all TAS ("supports only TopologyAwareScheduling";
-  tas_flavorassigner.go `checkPodSetAndFlavorMatchForTAS`);
+  a Topology ("does not support TopologyAwareScheduling") or a flavor whose Topology lacks
+  the requested level ("does not contain the requested level", `TASFlavorSnapshot.HasLevel`),
+  or for one asking for none, a TAS flavor in a queue whose flavors are not all TAS
+  ("supports only TopologyAwareScheduling"; tas_flavorassigner.go
+  `checkPodSetAndFlavorMatchForTAS`). In a queue whose flavors all have a Topology
+  (clusterqueue.go `isTASOnly`) a pod set asking for none gets an implied request
+  (`isTASImplied`): no flavor is ruled out for it, and TAS places it (`tas_pod_sets`);
 - on a usable flavor every requested resource of the group is checked (`fitsResourceQuota`):
   the pod set's request plus what earlier pod sets of the workload took there, against the
   queue's maximum capacity (`PotentialAvailable`: more than that never fits, "insufficient
@@ -39,8 +43,9 @@ Pure: plain objects and a `QuotaTree` in, an answer out.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from exporter.cluster.capacity.placement import (
@@ -58,6 +63,7 @@ from exporter.cluster.objects import (
     PodSetRequest,
     ResourceFlavor,
     ResourceGroup,
+    TopologyRequest,
     Workload,
 )
 
@@ -69,6 +75,9 @@ __all__ = [
     "ResourceCheck",
     "assign",
     "flavor_mismatch",
+    "level_mismatches",
+    "slice_requests",
+    "tas_pod_sets",
 ]
 
 CheckStatus = Literal["fits", "unused", "maximum", "unknown"]
@@ -191,6 +200,9 @@ class QuotaAssignment:
     groups: tuple[GroupAssignment, ...]
     undeclared: tuple[tuple[str, str], ...] = ()  # (pod set, resource) no group covers
     assigned: bool = False  # read from the workload's admission, not chosen
+    # Every flavor of the queue has a Topology (clusterqueue.go `isTASOnly`): TAS places
+    # every pod set, a request implied where it asks for none. None: some flavor unknown.
+    tas_only: bool | None = None
     # The resources that keep it out, on the flavors Kueue would have chosen: maximum
     # capacity first (nothing but a quota change cures them), then unused quota, unknown.
     short: tuple[ResourceCheck, ...] = field(init=False)
@@ -233,6 +245,13 @@ class QuotaAssignment:
                 return group.chosen.flavor
         return ""
 
+    def flavor_of(self, pod_set: str) -> str:
+        """The flavor chosen (or best tried) for the pod set's first resource group."""
+        for group in self.groups:
+            if group.pod_set == pod_set and group.chosen is not None:
+                return group.chosen.flavor
+        return ""
+
     def check(self, resource: str) -> ResourceCheck | None:
         for group in self.groups:
             if group.chosen is None:
@@ -253,6 +272,36 @@ class QuotaAssignment:
 
 
 FlavorLookup = Callable[[str], ResourceFlavor | None]
+# A Topology's levels (node label keys, highest first) by its name; None when not known.
+LevelsLookup = Callable[[str], Sequence[str] | None]
+
+
+_NO_LEVEL: Final = " does not contain the requested level"
+_NO_LEVEL_RE: Final = re.compile(r'Flavor "((?:[^"\\]|\\.)*)" does not contain the requested level')
+
+
+def level_mismatches(workload: Workload) -> frozenset[str]:
+    """The flavors Kueue's own pending message says lack the requested level
+    ('Flavor "F" does not contain the requested level', checkPodSetAndFlavorMatchForTAS):
+    where the Topology is not known (a dump lists none), Kueue's word stands in."""
+    cond = workload.condition("QuotaReserved")
+    if cond is None or cond.status != "False" or _NO_LEVEL not in cond.message:
+        return frozenset()
+    return frozenset(_NO_LEVEL_RE.findall(cond.message))
+
+
+def _go_quote(name: str) -> str:
+    """Go's %q of a plain name: Kueue's messages quote flavor names so."""
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _has_level(request: TopologyRequest, levels: Sequence[str]) -> bool:
+    """tas_flavor_snapshot.go `HasLevel`: the request's level (required or preferred; slices
+    alone and unconstrained take the highest or lowest, which every Topology has) and its
+    slice level are levels of the flavor's Topology."""
+    if request.mode in ("required", "preferred") and request.level not in levels:
+        return False
+    return request.slice_level is None or request.slice_level in levels
 
 
 def flavor_mismatch(
@@ -260,13 +309,16 @@ def flavor_mismatch(
     flavor: ResourceFlavor | None,
     pod_set: PodSetRequest,
     tas_only: bool | None = None,
+    levels: Sequence[str] | None = None,
 ) -> str:
     """Why `pod_set` cannot use the flavor at all, "" when it can (`checkFlavorForPodSets`).
 
     TAS first (tas_flavorassigner.go `checkPodSetAndFlavorMatchForTAS`): a pod set asking for
-    a topology (required, preferred, unconstrained or slices) needs a flavor with a Topology;
-    one asking for none may not use a TAS flavor unless every flavor of the queue is one
-    (`tas_only`: TAS is then implied). Then the flavor's nodeTaints against the pod's
+    a topology (required, preferred, unconstrained or slices) needs a flavor with a Topology,
+    one that has the requested level (`HasLevel`; `levels` are the flavor's Topology's, None
+    when it is not known: not ruled out); one asking for none may not use a TAS flavor unless
+    every flavor of the queue is one (`tas_only`: TAS is then implied, `isTASImplied`, and no
+    flavor is ruled out on TAS grounds). Then the flavor's nodeTaints against the pod's
     tolerations plus the flavor's, and its nodeLabels against the pod's nodeSelector and
     required node affinity read on the flavor's label keys (`flavorSelector`). A flavor whose
     spec is not known (a dump lists no ResourceFlavors) is not ruled out, and `tas_only` None
@@ -277,9 +329,11 @@ def flavor_mismatch(
     explicit = request.mode != "none" or request.slice_level is not None
     if tas_only is not None and (explicit or tas_only):
         if explicit and not flavor.topology_name:
-            return f"Flavor {flavor_name!r} does not support TopologyAwareScheduling"
+            return f"Flavor {_go_quote(flavor_name)} does not support TopologyAwareScheduling"
+        if explicit and levels is not None and not _has_level(request, levels):
+            return f"Flavor {_go_quote(flavor_name)} does not contain the requested level"
     elif tas_only is not None and flavor.topology_name:
-        return f"Flavor {flavor_name!r} supports only TopologyAwareScheduling"
+        return f"Flavor {_go_quote(flavor_name)} supports only TopologyAwareScheduling"
     tolerations = (*pod_set.tolerations, *flavor.tolerations)
     taint = untolerated_taint(flavor.node_taints, tolerations)
     if taint is not None:
@@ -325,18 +379,35 @@ def assign(
     queue: ClusterQueue,
     tree: QuotaTree,
     flavor_spec: FlavorLookup,
+    topology_levels: LevelsLookup | None = None,
+    replaced: Workload | None = None,
 ) -> QuotaAssignment:
     """Kueue's flavor assignment for the workload in `queue`, with `tree`'s quota.
 
     An admitted (or quota-reserved) workload keeps the flavors of its admission: only those
     are checked, which is how a preemption's verdict stays in the preemptor's own world. A
     queue without spec.resourceGroups read (a hand-built object) is taken as one group per
-    flavor of its quotas, covering the resources they name."""
+    flavor of its quotas, covering the resources they name. `topology_levels` gives a
+    Topology's levels by name (a flavor lacking a requested level is passed over; where
+    they are not known, the flavors Kueue's pending message says lack it, `level_mismatches`).
+
+    `replaced`: the slice a Kueue elastic Workload replaces, holding its quota in the same
+    queue (workloadslicing.ReplacedWorkloadSlice). The new slice keeps its flavors ("could not
+    assign F flavor since the original workload is assigned") and asks only for what it adds:
+    each resource less the old slice's request for the pod set (flavorassigner.go
+    `findFlavorForPodSets` and `findOldPodSetRequest`, "only the delta needed")."""
     groups = queue.resource_groups or _groups_from_quotas(queue)
     assigned: dict[tuple[str, str], str] = {}
     for placement in workload.placements:
         for resource, flavor in placement.flavors:
             assigned[(placement.name, resource)] = flavor
+    old: dict[str, dict[str, int]] = {}
+    fixed_by_old: dict[tuple[str, str], str] = {}
+    if replaced is not None and not assigned:
+        old = slice_requests(replaced)
+        for placement in replaced.placements:
+            for resource, flavor in placement.flavors:
+                fixed_by_old[(placement.name, resource)] = flavor
     covers_pods = any(PODS_RESOURCE in g.covered for g in groups)
     specs = [flavor_spec(f) for g in groups for f in g.flavors]
     tas_only = (
@@ -344,6 +415,7 @@ def assign(
         if any(spec is None for spec in specs)
         else all(spec is not None and spec.topology_name for spec in specs)
     )
+    no_level = level_mismatches(workload) if not assigned else frozenset()
     when_borrow = queue.flavor_fungibility[0]
     used: dict[tuple[str, str], int] = {}  # what earlier pod sets took, per (flavor, resource)
     out: list[GroupAssignment] = []
@@ -352,6 +424,9 @@ def assign(
         requests = {name: amount * pod_set.count for name, amount in pod_set.per_pod if amount}
         if covers_pods:
             requests[PODS_RESOURCE] = pod_set.count
+        for name, amount in old.get(pod_set.name, {}).items():
+            if name in requests:
+                requests[name] = max(0, requests[name] - amount)
         covered: set[str] = set()
         for group in groups:
             asked = tuple(r for r in group.covered if requests.get(r, 0) > 0)
@@ -360,13 +435,26 @@ def assign(
                 continue
             flavors = group.flavors
             fixed = [assigned[(pod_set.name, r)] for r in asked if (pod_set.name, r) in assigned]
+            fixed += [
+                fixed_by_old[(pod_set.name, r)] for r in asked if (pod_set.name, r) in fixed_by_old
+            ]
             if fixed:
                 flavors = (fixed[0],)
             tried: list[FlavorTry] = []
             chosen: FlavorTry | None = None
             for flavor in flavors:
                 attempt = _try(
-                    queue.name, flavor, flavor_spec, pod_set, asked, requests, tree, used, tas_only
+                    queue.name,
+                    flavor,
+                    flavor_spec,
+                    pod_set,
+                    asked,
+                    requests,
+                    tree,
+                    used,
+                    tas_only,
+                    topology_levels,
+                    no_level,
                 )
                 tried.append(attempt)
                 if attempt.status == "fits" and not (attempt.borrows and when_borrow == TRY_NEXT):
@@ -382,7 +470,7 @@ def assign(
         undeclared.extend(
             (pod_set.name, r) for r in sorted(requests) if r not in covered and requests[r] > 0
         )
-    return QuotaAssignment(queue.name, tuple(out), tuple(undeclared), bool(assigned))
+    return QuotaAssignment(queue.name, tuple(out), tuple(undeclared), bool(assigned), tas_only)
 
 
 def _try(
@@ -395,8 +483,18 @@ def _try(
     tree: QuotaTree,
     used: Mapping[tuple[str, str], int],
     tas_only: bool | None = None,
+    topology_levels: LevelsLookup | None = None,
+    no_level: frozenset[str] = frozenset(),
 ) -> FlavorTry:
-    mismatch = flavor_mismatch(flavor, flavor_spec(flavor), pod_set, tas_only)
+    spec = flavor_spec(flavor)
+    levels = None
+    if spec is not None and spec.topology_name and topology_levels is not None:
+        levels = topology_levels(spec.topology_name)
+    mismatch = flavor_mismatch(flavor, spec, pod_set, tas_only, levels)
+    request = pod_set.topology
+    explicit = request.mode != "none" or request.slice_level is not None
+    if not mismatch and levels is None and explicit and flavor in no_level:
+        mismatch = f"Flavor {_go_quote(flavor)} does not contain the requested level"
     if mismatch:
         return FlavorTry(flavor, mismatch, ())
     checks = []
@@ -432,3 +530,53 @@ def _groups_from_quotas(queue: ClusterQueue) -> tuple[ResourceGroup, ...]:
             by_flavor.setdefault(fq.flavor, []).append(GPU_RESOURCE)
     resources = tuple(dict.fromkeys(r for names in by_flavor.values() for r in names))
     return (ResourceGroup(resources, tuple(by_flavor)),) if by_flavor else ()
+
+
+def slice_requests(workload: Workload) -> dict[str, dict[str, int]]:
+    """What an admitted slice's pod sets hold, per pod set and resource (`pods` its count):
+    status.admission's resourceUsage, else the spec's per-pod request times the count
+    (workload.go TotalRequests from the admission)."""
+    out: dict[str, dict[str, int]] = {}
+    for placement in workload.placements:
+        pod_set = next((p for p in workload.pod_sets if p.name == placement.name), None)
+        per_pod = dict(pod_set.per_pod) if pod_set is not None else {}
+        written = dict(placement.usage)
+        held = {name: amount * placement.count for name, amount in per_pod.items()}
+        held.update(written)
+        held[PODS_RESOURCE] = placement.count
+        out[placement.name] = held
+    return out
+
+
+def tas_pod_sets(
+    workload: Workload,
+    assignment: QuotaAssignment | None,
+    default_flavor: str = "",
+    replaced: Workload | None = None,
+) -> list[tuple[PodSetRequest, str]]:
+    """The pod sets Kueue's TAS places, in order, each with the flavor it is placed on.
+
+    tas_flavorassigner.go `WorkloadsTopologyRequests`: a pod set explicitly asking for a
+    topology (required, preferred, unconstrained or slices), and on a TAS-only ClusterQueue
+    (every flavor of it has a Topology, clusterqueue.go `isTASOnly`) every other pod set too,
+    with an implied request (`isTASImplied`): unconstrained at the Topology's lowest level
+    (tas_flavor_snapshot.go `levelKeyWithImpliedFallback`), every resource counted per node.
+    Pod sets of no pods, and implied ones that request nothing, have nothing to place. The
+    flavor is the one the assignment chose for the pod set, else `default_flavor`. A slice
+    that replaces `replaced` places only the pods it adds: the old slice's stay where they
+    are and hold their nodes (tas_elastic_workloads.go `handleScaleUp`)."""
+    tas_only = assignment.tas_only if assignment is not None else None
+    kept = {p.name: p.count for p in replaced.placements} if replaced is not None else {}
+    out: list[tuple[PodSetRequest, str]] = []
+    for pod_set in workload.pod_sets:
+        if pod_set.name in kept and not workload.placements:
+            pod_set = replace(pod_set, count=pod_set.count - kept[pod_set.name])
+        request = pod_set.topology
+        explicit = request.mode != "none" or request.slice_level is not None
+        if pod_set.count <= 0 or not (explicit or tas_only):
+            continue
+        if not explicit and not any(amount > 0 for _, amount in pod_set.per_pod):
+            continue
+        flavor = assignment.flavor_of(pod_set.name) if assignment is not None else ""
+        out.append((pod_set, flavor or default_flavor))
+    return out

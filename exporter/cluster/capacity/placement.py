@@ -1240,7 +1240,8 @@ def _anywhere(job: _Job, chain: Sequence[str]) -> PlacementAnswer:
         chosen, pods_fit, domains = job.spread(level, least_free_first=True)
         if domains == 0:
             continue
-        label = f"{what} at {level}" if what else f"no topology request, at {level}"
+        # "none": the implied request of a TAS-only ClusterQueue (isTASImplied)
+        label = f"{what} at {level}" if what else f"implied request (TAS-only queue) at {level}"
         sliced = ""
         if job.mode == "slices" and job.slice_level is not None:
             sliced = f" in slices of {job.size} within one {level_name(job.slice_level)} each"

@@ -329,6 +329,29 @@ def would_run_if(model: ClusterModel, wl: Workload, pending: PendingCause | None
             and _preferred_would_place(model, wl, pending)
         ):
             out.append(f"its topology request were relaxed from required to preferred {fit.level}")
+    spread = pending.placement
+    if (
+        pending.cause == "topology"
+        and fit is None
+        and spread is not None
+        and not spread.placeable
+        and not spread.summary.startswith("cannot")
+    ):
+        # unconstrained, or the request a TAS-only queue implies (tas_flavorassigner.go
+        # isTASImplied): pods on any nodes of its flavor, so the change is room, anywhere
+        if spread.pods_fit == 0 and spread.summary.startswith("no eligible node"):
+            if pending.nodes_note:
+                out.append(
+                    f"some of its flavor's nodes were usable by its pods ({pending.nodes_note})"
+                )
+        else:
+            more = spread.pods_needed - spread.pods_fit
+            per = f" of {spread.gpus_per_pod} GPUs" if spread.gpus_per_pod else ""
+            out.append(
+                f"its flavor's nodes had room for {more} more {'pod' if more == 1 else 'pods'}"
+                f"{per} on whole nodes, any of them ({spread.pods_fit} of {spread.pods_needed}"
+                " fit now)"
+            )
     blocked = "blocked because "
     if pending.cause == "topology" and pending.unavailable_note.startswith(blocked):
         out.append(f"these nodes were back: {pending.unavailable_note.removeprefix(blocked)}")

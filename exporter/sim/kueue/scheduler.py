@@ -583,14 +583,40 @@ class _Assignment:
         return out
 
 
+def _explicit(spec: PodSetSpec) -> bool:
+    """workload.IsExplicitlyRequestingTAS: the pod set names a required or preferred level
+    (the simulation writes no other kind of topologyRequest; "unconstrained" is none)."""
+    return spec.level is not None and spec.mode in ("required", "preferred")
+
+
+def _tas_only(state: ClusterState, queue: str) -> bool:
+    """clusterqueue.go isTASOnly: every flavor of every resource group has a Topology (a
+    flavor the cluster does not define is no TAS flavor). The simulation's flavors all have
+    one, so its ClusterQueues are TAS-only and every pod set goes through TAS (`_place_all`):
+    the implied request of tas_flavorassigner.go isTASImplied where it asks for none."""
+    policy = state.queues[queue]
+    return all(
+        name in state.flavors and bool(state.flavors[name].topology)
+        for name in policy.flavor_names()
+    )
+
+
 def _flavor_check(
-    state: ClusterState, spec: PodSetSpec, flavor: FlavorSpec, implied: bool
+    state: ClusterState, spec: PodSetSpec, flavor: FlavorSpec, tas_only: bool
 ) -> str | None:
-    """checkFlavorForPodSets (with checkPodSetAndFlavorMatchForTAS): why the flavor cannot
-    serve the pod set, or None."""
-    explicit = spec.level is not None and spec.mode != "unconstrained" and not implied
-    if explicit and spec.level not in flavor.levels:
-        return f'Flavor "{flavor.name}" does not contain the requested level'
+    """checkFlavorForPodSets, TAS first (tas_flavorassigner.go
+    checkPodSetAndFlavorMatchForTAS: an implied request matches every flavor of a TAS-only
+    queue; an explicit one needs a flavor with a Topology that has its level, `HasLevel`; a
+    pod set without one may not use a TAS flavor of a queue that is not TAS-only), then the
+    flavor's taints and node labels: why the flavor cannot serve the pod set, or None."""
+    explicit = _explicit(spec)
+    if explicit or tas_only:
+        if explicit and not flavor.topology:
+            return f'Flavor "{flavor.name}" does not support TopologyAwareScheduling'
+        if explicit and spec.level not in flavor.levels:
+            return f'Flavor "{flavor.name}" does not contain the requested level'
+    elif flavor.topology:
+        return f'Flavor "{flavor.name}" supports only TopologyAwareScheduling'
     tolerations = (*spec.tolerations, *flavor.tolerations)
     taint = untolerated(flavor.node_taints, tolerations)
     if taint is not None:
@@ -721,7 +747,7 @@ def _find_flavor(
         if flavor is None:
             reasons.append(f"flavor {fq.name} not found")
             continue
-        problem = _flavor_check(state, spec, flavor, implied=spec.mode == "unconstrained")
+        problem = _flavor_check(state, spec, flavor, _tas_only(state, demand.queue))
         if problem is not None:
             reasons.append(problem)
             continue
