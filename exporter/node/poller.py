@@ -49,6 +49,7 @@ from exporter.sources.interfaces import (
     SourceError,
 )
 from exporter.sources.pci import nvml_to_sysfs_address
+from exporter.sources.pci_gpus import read_nvidia_gpus
 
 if TYPE_CHECKING:
     from healthcheck.detection.monitor import HealthMonitor
@@ -330,12 +331,21 @@ class Poller:
         self, gpu: GpuInventory, batch: KernelLogBatch | None, now: float
     ) -> tuple[GpuInventory, KernelLogReading | None]:
         """The kernel log's new lines as events, GPUs named by what NVML last told of their
-        PCI addresses; its XIDs merged with NVML's, each fault once
-        (exporter/node/kernel/events.py), so the XID ledger and checks see one stream."""
+        PCI addresses (an address it has not named while it hangs, by the PCI bus's order in
+        sysfs); its XIDs merged with NVML's, each fault once (exporter/node/kernel/events.py),
+        so the XID ledger and checks see one stream."""
         ledger = self._kernel
         if batch is None or ledger is None:
             return gpu, None
         ledger.learn_gpus(gpu)
+        if batch.records and ledger.wants_pci_gpus:
+            # NVML does not answer in full (hung, or failing since the start): the PCI bus in
+            # sysfs says which address is which GPU, without the driver (sources/pci_gpus.py).
+            try:
+                ledger.learn_pci_gpus(read_nvidia_gpus(self.sources.sysfs_root))
+            except OSError as e:
+                self._count("kernel_log", "pci_unreadable")
+                log.debug("cannot list PCI devices to map kernel log lines to GPUs: %s", e)
         events = ledger.record(batch)
         merged = ledger.merge_xids(gpu.xid_events, ledger.log_xids(events), now)
         if merged != gpu.xid_events:

@@ -9,6 +9,12 @@
                            reset), reboot (node reboot), drain-p2p, drain-and-reset, imex
                            (recover the IMEX domain); cleared, it is none again (the reset done)
     gpu-lost@gpu2          GPU 2 falls off the bus: every NVML call on it fails GPU_IS_LOST
+    gpu-gone@gpu2          GPU 2 fell off the bus and did not come back. Given at the start, the
+                           node booted without it: no PCI device at its address in sysfs, NVML
+                           counts one GPU fewer and enumerates the others with consecutive
+                           indices (GPU 3 is NVML's GPU 2 now, with GPU 3's UUID and PCI address).
+                           Injected later, it is gpu-lost until the driver probes the bus again
+                           (driver-unloaded or driver-upgraded cleared), then gone the same way
     gpu-reset-required@gpu2  GPU 2 needs a reset: every NVML call on it fails RESET_REQUIRED
     nvml-timeout@gpu5      every NVML call on GPU 5 fails TIMEOUT (a hung GPU, or a busy driver)
     nvml-hang@gpu3         every NVML call on GPU 3 blocks and does not return (a wedged driver)
@@ -53,9 +59,13 @@
     nvml-no-permission     nvmlInit fails NO_PERMISSION (the device files are not the agent's to
                            open: 0660 root:video, no supplemental group)
 
+`gpuN` always names the physical GPU, the profile's slot N (its UUID, its PCI address), not the
+index NVML gives it once another GPU is gone.
+
 Faults the kernel log shows are written to the simulated /dev/kmsg in the real driver's format
 (exporter/sim/hardware/kmsg.py) once the agent reads it: every XID (as the driver logs each one
-it raises), and for gpu-lost the XID 79 and fallen-off-the-bus lines that NVML never delivers.
+it raises), and for gpu-lost (and gpu-gone injected at run time) the XID 79 and
+fallen-off-the-bus lines that NVML never delivers.
 
 The two nvml-* node faults are deployment faults: they say how the agent was deployed, nothing
 about the hardware. Injected at start, NVML never works; injected later, NVML keeps working
@@ -74,6 +84,7 @@ from dataclasses import dataclass
 GPU_FAULTS = frozenset(
     {
         "gpu-lost",
+        "gpu-gone",
         "gpu-reset-required",
         "nvml-timeout",
         "nvml-hang",

@@ -11,13 +11,12 @@ refuses to act until a person looks (it may hold the only record of an action un
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from exporter.core.atomicfile import atomic_write as write_atomically
 from healthcheck.remediation.state import RemediationState, state_document, state_from_document
 
 VERSION = 1
@@ -82,26 +81,10 @@ class StateFile:
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o640) -> None:
-    """Replace `path` with `text`: temp file in the same directory, fsync, rename, fsync the
-    directory. Readers (Prometheus watching a file_sd file, a restarted controller) see the old
-    content or the new, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    """Replace `path` with `text`, durably (exporter/core/atomicfile.py: temp file in the same
+    directory, fsync, rename, fsync the directory). Readers (Prometheus watching a file_sd file,
+    a restarted controller) see the old content or the new, never a torn one."""
+    write_atomically(path, text, mode=mode, durable=True)
 
 
 def _parse(text: str) -> dict[str, RemediationState]:

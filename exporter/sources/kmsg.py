@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from exporter.core.atomicfile import atomic_write
 from exporter.core.snapshot import KernelLogBatch, KernelLogRecord
 from exporter.sources.interfaces import KernelLogSource, SourceError
 
@@ -187,10 +188,11 @@ def os_opener(path: str | os.PathLike[str]) -> Callable[[], KmsgDevice]:
 
 
 class _StateFile:
-    """A small JSON state file, replaced atomically (temp file + rename) so a crash mid-write
-    leaves the old state or the new, never half. No fsync: the state only has to survive the
-    agent's restart (the page cache does); after a power loss the node has rebooted and the
-    kmsg state is void anyway (a new boot id), the journal's cursor merely replays a little."""
+    """A small JSON state file, replaced atomically (exporter/core/atomicfile.py: temp file +
+    rename) so a crash mid-write leaves the old state or the new, never half. No fsync: the
+    state only has to survive the agent's restart (the page cache does); after a power loss the
+    node has rebooted and the kmsg state is void anyway (a new boot id), the journal's cursor
+    merely replays a little."""
 
     def __init__(self, path: Path | None, what: str) -> None:
         self.path = path
@@ -217,10 +219,8 @@ class _StateFile:
         """Write when it changed; a failure is logged once and reading goes on."""
         if self.path is None or data == self._written:
             return
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
-            tmp.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, self.path)
+            atomic_write(self.path, json.dumps(data, sort_keys=True), durable=False)
         except OSError as e:
             if not self._write_failed:
                 log.warning(
@@ -231,8 +231,6 @@ class _StateFile:
                     e,
                 )
                 self._write_failed = True
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             return
         if self._write_failed:
             log.info("%s: state file %s writable again", self._what, self.path)

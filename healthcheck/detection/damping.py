@@ -1,9 +1,12 @@
 """Flap damping: a finding becomes actionable once it held in K of the last N polls.
 
 One bad reading (a counter read mid-reset, a link retraining) must not take a node out; a
-fault that keeps showing must, within K polls. Fatal events (an XID whose catalog entry is
-FATAL and asks for a reset or more) are facts, not readings, and bypass the window. A finding
-that recommends no action is never actionable, whatever its window says.
+fault that keeps showing must, within K polls. Fatal events are facts, not readings, and bypass
+the window (severity `fatal`): an XID whose catalog entry is FATAL and asks for a reset or more,
+a kernel log line the pattern table marks fatal (a GPU fallen off the bus, UVM's global fatal
+error, a failed EFA reset, a GPU the driver could not initialise), an EFA admin command that
+never completed. A finding that recommends no action is never actionable, whatever its window
+says.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ The poller calls `observe(snapshot)` once per poll, before rendering, and render
 into the same exposition, so health series and hardware series always describe the same poll
 and NVML is read once. Everything per-node that outlives a poll lives here: the previous
 snapshot (for rates), when each finding began, the damping windows, the XID memory, and the
-counters of checks run, failed and reports written. The XID memory alone also outlives the
-agent, within one boot (`keep_xids`, healthcheck/detection/xid_state.py): an XID arrives once.
+counters of checks run, failed and reports written. The XID memory and the kernel log lines
+the checks hold also outlive the agent, within one boot (`keep_xids`,
+healthcheck/detection/xid_state.py): an XID, or a line, arrives once.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from healthcheck.detection.checks import (
     History,
     run_check_families,
 )
-from healthcheck.detection.checks.base import collector_ok
+from healthcheck.detection.checks.base import HeldLine, collector_ok
+from healthcheck.detection.checks.kernel_log import LineKey, held_lines
 from healthcheck.detection.checks.xid_memory import NamedAction, XidMemory, remember
 from healthcheck.detection.config import HealthConfig
 from healthcheck.detection.damping import Damper
@@ -73,10 +75,15 @@ class HealthMonitor:
         # GPU index -> (UUID, PCI bus id) as last read up: what names a finding's GPU physically
         # (a lost GPU keeps the ids it had; NVML renumbers only when the driver reloads).
         self._gpu_ids: dict[int, tuple[str, str]] = {}
+        self._log_pci: dict[int, str] = {}  # GPU index -> PCI bus id a kernel log line gave
         self._known_efa: frozenset[str] = frozenset()
         self._gpu_first_seen: dict[str, float] = {}  # GPU UUID -> first poll that read it up
         self._xids = XidMemory()
         self._xid_state: XidStateFile | None = None
+        # Kernel log lines the agent before this one held in this boot (from the state file),
+        # and when this agent first held each of its own (for the file's `first_seen`).
+        self._held_lines: tuple[HeldLine, ...] = ()
+        self._line_first: dict[LineKey, float] = {}
         self._failing: dict[str, str] = {}
         self._lock = threading.Lock()
         self._runs: dict[str, int] = {}
@@ -98,7 +105,7 @@ class HealthMonitor:
         except Exception:  # malformed events: keep the memory we had, say so once
             self._note_failure("xid_memory", "could not record XID events", exc_info=True)
         if self._xid_state is not None:
-            self._xid_state.save(self._xids)
+            self._xid_state.save(self._xids, self._hold_kernel_log(snapshot, now))
         history = History(
             previous=self._previous,
             onset=dict(self._onset),
@@ -106,6 +113,7 @@ class HealthMonitor:
             known_efa=self._known_efa,
             gpu_first_seen=self._first_seen_gpus(snapshot, now),
             xids=self._xids,
+            kernel_log=self._held_lines,
         )
         run = run_check_families(snapshot, history, self.config, now, self._families)
         failed = dict(run.failed)
@@ -131,10 +139,24 @@ class HealthMonitor:
         return report
 
     def keep_xids(self, state: XidStateFile) -> None:
-        """Keep the XIDs held in `state` (healthcheck/detection/xid_state.py): take over what
-        the agent before this one held in this boot, and write every change from now on."""
+        """Keep the XIDs and kernel log lines held in `state` (healthcheck/detection/
+        xid_state.py): take over what the agent before this one held in this boot, and write
+        every change from now on."""
         self._xids = state.load()
+        self._held_lines = state.kernel_log
         self._xid_state = state
+
+    def _hold_kernel_log(self, snapshot: NodeSnapshot, now: float) -> tuple[HeldLine, ...]:
+        """The kernel log lines to keep over a restart: this agent's counts and the restored
+        ones still inside `kernel_log.hold_seconds` (restored ones past it are dropped)."""
+        hold = self.config.kernel_log.hold_seconds
+        self._held_lines = tuple(h for h in self._held_lines if now - h.count.last_at <= hold)
+        reading = snapshot.kernel_log
+        if reading is None:
+            return self._held_lines
+        for c in reading.counts:
+            self._line_first.setdefault((c.kind, c.pattern, c.severity, c.gpu, c.device), now)
+        return held_lines(reading.counts, self._held_lines, self._line_first, hold, now)
 
     def count_report(self, outcome: str, label: str) -> None:
         """Count a reporter outcome: ("written", "condition"), ("error", "unavailable")..."""
@@ -236,11 +258,18 @@ class HealthMonitor:
 
     def _identities(self, snapshot: NodeSnapshot) -> dict[int, tuple[str, str]]:
         """GPU index -> (UUID, PCI bus id) for this poll's findings: this poll's readings, else
-        what an earlier poll or an XID event of this agent said about that index."""
-        ids = dict(self._gpu_ids)
+        what an earlier poll or an XID event of this agent said about that index, else the PCI
+        address a kernel log line named it by (NVML hung from the start: no UUID is known, the
+        address is the GPU's physical identity, exporter/node/kernel/events.py)."""
+        if snapshot.kernel_log is not None:
+            for e in snapshot.kernel_log.events:
+                if e.gpu_index is not None and e.pci_address:
+                    self._log_pci[e.gpu_index] = _nvml_bus_id(e.pci_address)
+        ids = {index: ("", pci) for index, pci in self._log_pci.items()}
+        ids.update(self._gpu_ids)
         for record in self._xids.records:
-            if record.uuid and record.gpu_index not in ids:
-                ids[record.gpu_index] = (record.uuid, "")
+            if record.uuid and (record.gpu_index not in ids or not ids[record.gpu_index][0]):
+                ids[record.gpu_index] = (record.uuid, ids.get(record.gpu_index, ("", ""))[1])
         for gpu in snapshot.gpu.gpus:
             if gpu.uuid:
                 ids[gpu.index] = (gpu.uuid, gpu.pci_bus_id)
@@ -269,3 +298,13 @@ def named_actions(snapshot: NodeSnapshot) -> list[NamedAction]:
         if action is not None:
             out.append(NamedAction(e.gpu_index, action, e.timestamp))
     return out
+
+
+def _nvml_bus_id(address: str) -> str:
+    """A sysfs PCI address (`0000:53:00.0`) in NVML's spelling (`00000000:53:00.0`), the form
+    findings carry (nvmlPciInfo_t.busId)."""
+    domain, _, rest = address.partition(":")
+    try:
+        return f"{int(domain, 16):08X}:{rest.upper()}"
+    except ValueError:
+        return address

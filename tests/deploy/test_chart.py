@@ -233,10 +233,19 @@ def test_pods_run_hardened(profile: str) -> None:
             assert ctx["allowPrivilegeEscalation"] is False, name
             assert ctx["capabilities"] == {"drop": ["ALL"]}, name
             assert not ctx.get("privileged"), name
+        for init in spec.get("initContainers", []):  # the state directory's owner: CHOWN only
+            assert name == "topowatch-node-agent" and init["name"] == "kernel-log-state-owner"
+            ctx = init["securityContext"]
+            assert (
+                ctx["readOnlyRootFilesystem"] is True and ctx["allowPrivilegeEscalation"] is False
+            )
+            assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+            assert not ctx.get("privileged")
+            assert [m["mountPath"] for m in init["volumeMounts"]] == ["/state"]
 
 
 def host_paths(spec: Manifest) -> dict[str, dict[str, Any]]:
-    """hostPath volumes by host path: their type and the container's mount of them."""
+    """hostPath volumes by host path: their type and the agent container's mount of them."""
     mounts = {m["name"]: m for c in spec["containers"] for m in c["volumeMounts"]}
     return {
         v["hostPath"]["path"]: {"type": v["hostPath"].get("type"), "mount": mounts[v["name"]]}
@@ -246,11 +255,13 @@ def host_paths(spec: Manifest) -> dict[str, dict[str, Any]]:
 
 
 JOURNAL_PATHS = ["/etc/machine-id", "/run/log/journal", "/var/log/journal"]
+STATE_PATH = "/var/lib/topowatch"  # nodeAgent.kernelLog.stateHostPath's default
 
 
 def test_host_paths_are_the_agents_inputs_all_read_only() -> None:
     """sysfs, procfs, the pod-resources socket and (kernel log, journal mode by default) the
-    systemd journal and the machine id: read-only, and nothing else of the host."""
+    systemd journal and the machine id: read-only. The one host directory written is the kernel
+    log's state (stateHostPath), and nothing else of the host is mounted."""
     for profile in ("default", "act"):
         for name, spec in pod_specs(rendered(profile)):
             paths = host_paths(spec)
@@ -258,10 +269,11 @@ def test_host_paths_are_the_agents_inputs_all_read_only() -> None:
                 assert paths == {}
                 continue
             assert sorted(paths) == sorted(
-                ["/proc", "/sys", "/var/lib/kubelet/pod-resources", *JOURNAL_PATHS]
+                ["/proc", "/sys", "/var/lib/kubelet/pod-resources", STATE_PATH, *JOURNAL_PATHS]
             )
             for path, volume in paths.items():
-                assert volume["mount"]["readOnly"] is True, path
+                assert volume["mount"]["readOnly"] is (path != STATE_PATH), path
+            assert paths[STATE_PATH]["type"] == "DirectoryOrCreate"
             assert paths["/sys"]["mount"]["mountPath"] == "/host/sys"
             assert paths["/proc"]["mount"]["mountPath"] == "/host/proc"
 
@@ -715,7 +727,13 @@ def test_kmsg_mounts_the_device_read_only_and_is_privileged_with_cap_syslog() ->
     assert flag(args_of(spec), "--kernel-log") == "kmsg"
     assert "--journal-dir" not in args_of(spec)
     paths = host_paths(spec)
-    assert sorted(paths) == ["/dev/kmsg", "/proc", "/sys", "/var/lib/kubelet/pod-resources"]
+    assert sorted(paths) == [
+        "/dev/kmsg",
+        "/proc",
+        "/sys",
+        "/var/lib/kubelet/pod-resources",
+        STATE_PATH,
+    ]
     assert paths["/dev/kmsg"]["type"] == "CharDevice"
     assert paths["/dev/kmsg"]["mount"] == {
         "name": "kmsg",
@@ -743,23 +761,46 @@ def test_a_disabled_kernel_log_is_off_and_mounts_nothing() -> None:
     assert sorted(host_paths(spec)) == ["/proc", "/sys", "/var/lib/kubelet/pod-resources"]
     assert set(volumes_of(spec)) == {"host-sys", "host-proc", "pod-resources", "tmp"}
     assert container_context(spec)["capabilities"] == {"drop": ["ALL"]}
+    assert "initContainers" not in spec  # no state directory to hand over
 
 
-def test_the_kernel_log_position_is_kept_in_an_empty_dir_or_a_host_path() -> None:
+def test_the_kernel_log_state_is_kept_on_the_host_across_pods_by_default() -> None:
+    """Issue 28: the kernel log's cursor and what the agent judged from the lines before it
+    (xids.state.json) are one state; on an emptyDir a rollout lost both. By default they live
+    in a hostPath (DirectoryOrCreate), the one host directory mounted read-write; an init
+    container with CAP_CHOWN alone hands it to the agent's uid (the kubelet creates it root's
+    0755). `stateHostPath: ""` keeps the emptyDir (a container restart only)."""
     spec = agent_spec(rendered("default"))
     state = flag(args_of(spec), "--kernel-log-state")
     (mount,) = [m for m in mounts_of(spec).values() if m["mountPath"] == state]
-    assert not mount.get("readOnly")
-    assert "emptyDir" in volumes_of(spec)[mount["name"]]  # survives a container restart
-    kept = {"nodeAgent": {"kernelLog": {"stateHostPath": "/var/lib/topowatch"}}}
-    host_spec = agent_spec(render(CHART, kept))
-    state = flag(args_of(host_spec), "--kernel-log-state")
-    (mount,) = [m for m in mounts_of(host_spec).values() if m["mountPath"] == state]
-    assert volumes_of(host_spec)[mount["name"]]["hostPath"] == {
-        "path": "/var/lib/topowatch",
+    assert mount["readOnly"] is False
+    assert volumes_of(spec)[mount["name"]]["hostPath"] == {
+        "path": STATE_PATH,
         "type": "DirectoryOrCreate",
     }
-    assert not mount.get("readOnly")
+    [init] = spec["initContainers"]
+    assert init["securityContext"]["runAsUser"] == 0
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert init["volumeMounts"] == [{"name": mount["name"], "mountPath": "/state"}]
+    script = init["command"][-1]
+    assert 'os.chown("/state", 65532, 65532)' in script
+    assert spec["securityContext"]["runAsUser"] == 65532  # the uid it hands the directory to
+    compile(script, "kernel-log-state-owner", "exec")  # the script at least parses
+
+    elsewhere = {"nodeAgent": {"kernelLog": {"stateHostPath": "/data/topowatch"}}}
+    other = agent_spec(render(CHART, elsewhere))
+    assert host_paths(other)["/data/topowatch"]["mount"]["mountPath"] == state
+
+    root = agent_spec(render(CHART, {"nodeAgent": {"runAsRoot": True}}))
+    assert "initContainers" not in root  # root writes it as it is
+
+    ephemeral = agent_spec(render(CHART, {"nodeAgent": {"kernelLog": {"stateHostPath": ""}}}))
+    state = flag(args_of(ephemeral), "--kernel-log-state")
+    (mount,) = [m for m in mounts_of(ephemeral).values() if m["mountPath"] == state]
+    assert "emptyDir" in volumes_of(ephemeral)[mount["name"]]  # survives a container restart
+    assert STATE_PATH not in host_paths(ephemeral) and "initContainers" not in ephemeral
+    assert "LOST WITH THE POD" in notes({"nodeAgent": {"kernelLog": {"stateHostPath": ""}}})
+    assert f"kept in {STATE_PATH} on each node" in notes(None)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.core.snapshot import (
+    GpuInventory,
     KernelLogBatch,
     KernelLogCount,
     KernelLogReading,
@@ -126,7 +127,7 @@ def test_an_xid_only_the_log_shows_reaches_the_xid_check(
     [xid] = [f for f in report.findings if f.check == "xid" and f.component == "gpu2"]
     assert (xid.action, xid.actionable) == ("reboot", True)
     [bus] = [f for f in report.findings if f.check == "kernel_gpu_fallen_off_bus"]
-    assert (bus.component, bus.severity, bus.action) == ("gpu2", "critical", "reboot")
+    assert (bus.component, bus.severity, bus.action) == ("gpu2", "fatal", "reboot")
 
 
 LEDGER_GPUS = 8
@@ -248,16 +249,17 @@ def count(
 # (rule it rests on, the count, config, expected (check, component, severity, action) or None)
 VERDICTS = [
     (
-        "a GPU fallen off the bus needs a reboot first (NVIDIA: RESTART_BM for XID 79)",
+        "a GPU fallen off the bus needs a reboot first (NVIDIA: RESTART_BM for XID 79); a"
+        " fatal line is a fact, undamped (severity fatal)",
         count("gpu_fallen_off_bus", "fatal", gpu="2"),
         {},
-        ("kernel_gpu_fallen_off_bus", "gpu2", "critical", "reboot"),
+        ("kernel_gpu_fallen_off_bus", "gpu2", "fatal", "reboot"),
     ),
     (
         "an EFA device reset that failed leaves the device unusable: reboot",
         count("efa_driver", "fatal", device="rdmap16s27"),
         {},
-        ("kernel_efa_driver", "rdmap16s27", "critical", "reboot"),
+        ("kernel_efa_driver", "rdmap16s27", "fatal", "reboot"),
     ),
     (
         "an EFA admin command timeout is reported; the driver retries (action configurable)",
@@ -566,7 +568,7 @@ def test_lines_of_one_kind_on_one_component_make_one_finding_with_the_strongest_
         for f in run_checks(snapshot, History(), config_from_mapping({}), 10_000.0)
         if f.check == "kernel_pcie_aer"
     ]
-    assert (found.component, found.severity, found.action) == ("gpu4", "critical", "reboot")
+    assert (found.component, found.severity, found.action) == ("gpu4", "fatal", "reboot")
     assert found.evidence.startswith("4 kernel log line(s), latest 10s ago")
 
 
@@ -601,7 +603,7 @@ def test_rm_init_adapter_failed_names_the_gpu(agents: list[Agent], tmp_path: Pat
     report = agent.monitor.last
     assert report is not None
     f = {f.key: f for f in report.findings}[("kernel_gpu_init_failed", "gpu5")]
-    assert (f.severity, f.action, f.actionable) == ("critical", "reboot", True)
+    assert (f.severity, f.action, f.actionable) == ("fatal", "reboot", True)
     assert "RmInitAdapter failed!" in f.evidence
 
 
@@ -623,6 +625,100 @@ def test_an_init_failure_of_a_gpu_never_read_names_its_address(
     ]
 
 
+# -- NVML hung since the start: the PCI bus names the GPU (issue 28) --------------------------
+
+PCI_ORDER = tuple(f"0000:{0x53 + i:02x}:00.0" for i in range(LEDGER_GPUS))
+
+
+def hung_inventory(*named: tuple[int, int]) -> GpuInventory:
+    """NVML hung: GPUs it named before it hung as (index, bus), the others unnamed."""
+    from exporter.core.snapshot import GpuReading
+
+    known = dict(named)
+    gpus = tuple(
+        GpuReading(
+            index=i,
+            uuid=f"GPU-{i}" if i in known else "",
+            pci_bus_id=f"00000000:{known[i]:02X}:00.0" if i in known else "",
+            model="",
+            up=False,
+        )
+        for i in range(LEDGER_GPUS)
+    )
+    return GpuInventory(available=True, gpus=gpus, hung="nvmlDeviceGetHandleByIndex")
+
+
+# (rule, what NVML named before it hung, the PCI bus read, the line's GPU, XID events' GPU)
+PCI_FALLBACK_ROWS = [
+    (
+        "NVML named nothing: the address's place in PCI order (nvidia-smi's order)",
+        (),
+        PCI_ORDER,
+        4,
+        [(4, "")],
+    ),
+    (
+        "NVML named GPUs 0-2 in PCI order before hanging: the order agrees, GPU 4 by it",
+        ((0, 0x53), (1, 0x54), (2, 0x55)),
+        PCI_ORDER,
+        4,
+        [(4, "")],
+    ),
+    (
+        "NVML numbers the GPUs otherwise than the PCI order: the order is no guide, no GPU",
+        ((0, 0x54), (1, 0x53)),
+        PCI_ORDER,
+        None,
+        [],
+    ),
+    (
+        "an address NVML already named keeps NVML's index and UUID",
+        ((4, 0x57),),
+        PCI_ORDER,
+        4,
+        [(4, "GPU-4")],
+    ),
+    (
+        "an address not on the PCI bus as read names no GPU",
+        (),
+        PCI_ORDER[:4],
+        None,
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "rule,named,bus,gpu,xids", PCI_FALLBACK_ROWS, ids=[r[0] for r in PCI_FALLBACK_ROWS]
+)
+def test_an_xid_line_while_nvml_hangs_is_mapped_by_the_pci_bus(
+    rule: str,
+    named: tuple[tuple[int, int], ...],
+    bus: tuple[str, ...],
+    gpu: int | None,
+    xids: list[tuple[int, str]],
+) -> None:
+    ledger = KernelLogLedger("kmsg")
+    ledger.learn_gpus(hung_inventory(*named))
+    assert ledger.wants_pci_gpus, rule
+    ledger.learn_pci_gpus(bus)
+    assert not ledger.wants_pci_gpus  # read once
+    events = ledger.record(KernelLogBatch(records=(xid_line(4, 79, 100.0),)))
+    assert [(e.gpu_index, e.pci_address) for e in events] == [(gpu, "0000:57:00.0")], rule
+    assert [(x.gpu_index, x.uuid) for x in ledger.log_xids(events)] == xids, rule
+
+
+def test_nvml_answering_in_full_is_never_second_guessed_by_the_pci_bus() -> None:
+    """NVML's whole answer leaves a GPU out (one that failed to initialise): its lines keep
+    their address, whatever place the PCI bus gives it."""
+    ledger = ledger_with_gpus()
+    assert not ledger.wants_pci_gpus
+    ledger.learn_pci_gpus((*PCI_ORDER, "0000:c1:00.0"))
+    message = "NVRM: GPU 0000:c1:00.0: RmInitAdapter failed! (0x22:0x56:667)"
+    events = ledger.record(KernelLogBatch(records=(KernelLogRecord(1, 1, START, 3, message),)))
+    assert [(e.gpu_index, e.pci_address) for e in events] == [(None, "0000:c1:00.0")]
+
+
 def test_a_uvm_fatal_error_is_a_node_finding(agents: list[Agent], tmp_path: Path) -> None:
     """`nvGpuOpsReportFatalError: uvm encountered global fatal error 0x60, requiring os reboot
     to recover`: UVM is global, no GPU is named; the node reboots."""
@@ -631,7 +727,7 @@ def test_a_uvm_fatal_error_is_a_node_finding(agents: list[Agent], tmp_path: Path
     report = agent.monitor.last
     assert report is not None
     f = {f.key: f for f in report.findings}[("kernel_uvm_fatal", "node")]
-    assert (f.severity, f.action, f.actionable) == ("critical", "reboot", True)
+    assert (f.severity, f.action, f.actionable) == ("fatal", "reboot", True)
 
 
 def test_suppressed_callbacks_are_counted_not_judged(agents: list[Agent], tmp_path: Path) -> None:

@@ -264,3 +264,105 @@ def test_the_cli_writes_the_state_beside_the_kernel_log_cursor(tmp_path: Path) -
     data = json.loads((tmp_path / XID_STATE_FILE).read_text())
     assert [(r["gpu_index"], r["xid"]) for r in data["records"]] == [(3, 79)]
     assert (tmp_path / "kmsg.state.json").exists()
+
+
+# --- findings judged from the kernel log alone: kept the same way -------------------------
+
+
+def kernel_findings(report: HealthReport) -> dict[tuple[str, str], tuple[str, bool, float]]:
+    return {
+        f.key: (f.action, f.actionable, f.first_seen)
+        for f in report.findings
+        if f.check.startswith("kernel_")
+    }
+
+
+def test_a_rollout_keeps_what_the_kernel_log_alone_showed(
+    node: SimulatedNode, tmp_path: Path
+) -> None:
+    """An EFA device whose reset failed (efa_com_dev_reset: "Reset indication didn't turn on")
+    and a GPU the driver could not initialise ("RmInitAdapter failed!") show only in the kernel
+    log: no NVML reading or counter confirms them on the next poll, and the cursor hands their
+    lines out once. Issue 28: they were forgotten by a restarted agent, as held XIDs were. The
+    restarted agent reports both, actionable at once (fatal lines are undamped), first seen when
+    the first agent saw them; one without the state file reports neither."""
+    state = tmp_path / "state"
+    state.mkdir()
+    first = Agent(node, state, START)
+    first.run(1)
+    for spec in ("efa-reset-failed@rdmap16s27", "gpu-init-failed@gpu4"):
+        node.inject(parse_faults([spec])[0])
+    _, report = first.run(1)
+    seen = kernel_findings(report)
+    assert seen == {
+        ("kernel_efa_driver", "rdmap16s27"): ("reboot", True, first.now),
+        ("kernel_gpu_init_failed", "gpu4"): ("reboot", True, first.now),
+    }
+    first.run(2)
+    first.stop()
+    saved = json.loads((state / XID_STATE_FILE).read_text())["kernel_log"]
+    assert {(e["kind"], e["gpu"] or e["device"]) for e in saved} == {
+        ("efa_driver", "rdmap16s27"),
+        ("gpu_init_failed", "4"),
+    }
+
+    second = Agent(node, state, first.now + 120.0)
+    snapshot, report = second.run(1)
+    assert snapshot.kernel_log is not None and snapshot.kernel_log.counts == ()  # not re-read
+    assert kernel_findings(report) == seen
+    second.stop()
+
+    without = Agent(node, tmp_path / "elsewhere", second.now, keep=False)
+    (tmp_path / "elsewhere").mkdir()
+    _, report = without.run(1)
+    assert kernel_findings(report) == {}
+    without.stop()
+
+
+def test_held_kernel_log_lines_age_out_and_a_reboot_restores_none(
+    node: SimulatedNode, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    first = Agent(node, state, START)
+    first.run(1)
+    node.inject(parse_faults(["efa-reset-failed@rdmap16s27"])[0])
+    first.run(1)
+    first.stop()
+    # past kernel_log.hold_seconds (3600 s) after the line: gone, and gone from the file
+    later = Agent(node, state, first.now + 3700.0)
+    _, report = later.run(1)
+    assert kernel_findings(report) == {}
+    assert "kernel_log" not in json.loads((state / XID_STATE_FILE).read_text())
+    later.stop()
+
+    again = Agent(node, state, later.now)
+    again.run(1)
+    node.inject(parse_faults(["efa-reset-failed@rdmap16s27"])[0])
+    again.run(1)
+    again.stop()
+    node.kernel_log.reboot()
+    rebooted = Agent(node, state, again.now + 300.0)
+    _, report = rebooted.run(1)
+    assert kernel_findings(report) == {}
+    rebooted.stop()
+
+
+def test_held_lines_add_up_with_new_ones_of_the_same_kind(base: NodeSnapshot) -> None:
+    """The restarted agent's own lines of the same kind and device add to the restored ones
+    (each line is read by one agent only: the cursor), and the finding keeps the older onset."""
+    from exporter.core.snapshot import KernelLogCount, KernelLogReading
+    from healthcheck.detection.checks import History, run_checks
+    from healthcheck.detection.checks.base import HeldLine
+    from healthcheck.detection.config import HealthConfig
+
+    key = ("efa_driver", "efa_device_reset_failed", "fatal", "", "rdmap16s27")
+    old = HeldLine(KernelLogCount(*key, 2, START, "old line"), START - 30)
+    new = KernelLogCount(*key, 1, START + 60, "new line")
+    snapshot = dataclasses.replace(
+        base, taken_at=START + 61, kernel_log=KernelLogReading(source="kmsg", counts=(new,))
+    )
+    found = run_checks(snapshot, History(kernel_log=(old,)), HealthConfig(), START + 61)
+    [f] = [f for f in found if f.check == "kernel_efa_driver"]
+    assert (f.severity, f.action, f.first_seen) == ("fatal", "reboot", START - 30)
+    assert f.evidence.startswith("3 kernel log line(s), latest 1s ago: new line")

@@ -348,8 +348,10 @@ def test_a_hung_nvml_call_does_not_blind_the_kernel_log(sim: Sim) -> None:
 def test_an_agent_started_on_a_hung_nvml_reads_the_kernel_log_first(sim: Sim) -> None:
     """A restarted agent whose first NVML call hangs: the kernel log is read before NVML is
     asked and every poll ends, so the driver's fallen-off-the-bus line is a finding (reboot) the
-    first poll after it, although NVML never named the GPU, and actionable once damping agrees.
-    The hang alone condemns nothing: each GPU is a timeout warning without action."""
+    first poll after it, although NVML never named the GPU: its PCI address is GPU 3's in the
+    PCI bus's order, read from sysfs (issue 28). A fatal line is a fact, not a reading: it is
+    actionable on that poll, under the default damping (3 of 5). The hang alone condemns
+    nothing: each GPU is a timeout warning without action."""
     h = sim("p5.48xlarge", "nvml-hang@gpu3")
     monitor = _watching_the_log(h)
     try:
@@ -365,18 +367,45 @@ def test_an_agent_started_on_a_hung_nvml_reads_the_kernel_log_first(sim: Sim) ->
         report = monitor.last
         assert report is not None
         fallen = [f for f in report.findings if f.check == "kernel_gpu_fallen_off_bus"]
-        assert [(f.component, f.action) for f in fallen] == [(address, "reboot")]
+        assert [(f.component, f.severity, f.action) for f in fallen] == [
+            ("gpu3", "fatal", "reboot")
+        ]
+        assert fallen[0].pci_bus_id == h.node.profile.gpus[3].pci_bus_id  # the physical GPU
+        assert fallen[0] in report.actionable  # the first poll that read it
         timeouts = [f for f in report.findings if f.check == "gpu_timeout"]
         assert len(timeouts) == 8 and {f.action for f in timeouts} == {"none"}
-        for _ in range(monitor.config.damping.n):
-            h.poll()
-            assert monitor.last is not None
-            if any(f.check == "kernel_gpu_fallen_off_bus" for f in monitor.last.actionable):
-                break
-        else:
-            raise AssertionError(f"never actionable: {monitor.last}")
     finally:
         h.node.nvml.clear(parse_fault("nvml-hang@gpu3"))
+
+
+def test_an_xid_logged_while_nvml_hangs_from_the_start_is_judged(sim: Sim) -> None:
+    """Issue 28: `NVRM: Xid (PCI:0000:97:00): 79, ...` read while NVML has hung since the
+    agent started, so NVML never said which GPU is at 0000:97:00. The PCI bus in sysfs does (no
+    NVML, no driver call): the fifth NVIDIA GPU in address order, GPU 4, as NVML numbers them.
+    XID 79 is FATAL / RESTART_BM in NVIDIA's catalog: a reboot, actionable on the first poll,
+    the finding carrying the GPU's PCI bus id for the remediation ladder to follow. Before,
+    the line was only counted (`kind=xid`, no GPU) and nothing was judged."""
+    h = sim("p5.48xlarge", "nvml-hang@gpu0")
+    monitor = _watching_the_log(h)
+    try:
+        h.poll()
+        gpu = h.node.profile.gpus[4]
+        h.node.kernel_log.write(
+            f"NVRM: Xid (PCI:{_nvrm(h, 4)}): 79, pid=4242, name=python3, GPU has fallen off"
+            " the bus.",
+            priority=3,
+        )
+        snapshot, _ = h.poll()
+        assert snapshot.gpu.hung is not None
+        assert all(not g.up and not g.pci_bus_id for g in snapshot.gpu.gpus)  # NVML named none
+        assert [(e.gpu_index, e.xid) for e in snapshot.gpu.xid_events] == [(4, 79)]
+        report = monitor.last
+        assert report is not None
+        [xid] = [f for f in report.findings if f.check == "xid"]
+        assert (xid.component, xid.severity, xid.action) == ("gpu4", "fatal", "reboot")
+        assert xid.actionable and xid.pci_bus_id == gpu.pci_bus_id and xid.uuid == ""
+    finally:
+        h.node.nvml.clear(parse_fault("nvml-hang@gpu0"))
 
 
 def test_the_poll_loop_keeps_its_pace_while_nvml_hangs(sim: Sim) -> None:

@@ -227,7 +227,9 @@ def test_slurm_missing_binary_and_bad_names_fail_cleanly(tmp_path: Path) -> None
     [bad] = provider.execute([ActionRequest("gpu-1 state=idle", "replace")])
     assert not bad.ok and "unusable" in bad.detail
     hang = tmp_path / "hang"
-    hang.write_text("#!/bin/sh\nexec sleep 5\n")  # killed on the timeout, nothing left behind
+    # A shell that forks, as a wrapper does: its process group is killed on the timeout, child
+    # and all (the session's process guard fails the test on a `sleep` left behind).
+    hang.write_text("#!/bin/sh\nsleep 5 &\nwait\n")
     hang.chmod(0o755)
     [slow] = SlurmNodes(scontrol=str(hang), timeout_s=0.2).execute([ActionRequest("g", "reboot")])
     assert not slow.ok and "timed out" in slow.detail

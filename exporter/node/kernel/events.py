@@ -2,7 +2,10 @@
 
 The kernel log reader (exporter/sources/kmsg.py) hands over raw records; the pattern table
 (exporter/node/kernel/patterns.py) says which of them are faults. This ledger, owned by the poller,
-turns matches into `KernelLogEvent`s with the GPU index mapped from the line's PCI address,
+turns matches into `KernelLogEvent`s with the GPU index mapped from the line's PCI address (as
+NVML last named it; an address NVML has not named while it does not answer, a hang from the
+agent's start, as the PCI bus orders NVIDIA's GPUs in sysfs: `learn_pci_gpus`,
+exporter/sources/pci_gpus.py),
 keeps per-(kind, pattern, severity, GPU, device) counts for `topowatch_kernel_log_events_total`,
 and reconciles XIDs: the driver logs every XID it raises, and NVML's event set delivers the same
 XID, so one fault arrives twice. `merge_xids` pairs them one-to-one (same GPU, same XID, within
@@ -65,6 +68,10 @@ class KernelLogLedger:
         self._match = match
         self._match_seconds = match_seconds
         self._gpus: dict[str, _Gpu] = {}  # sysfs PCI address -> our GPU (the last one known)
+        # sysfs PCI address -> index in PCI order (None: not read yet), for addresses NVML has
+        # not named while NVML does not answer in full (`_nvml_whole` false).
+        self._pci_order: dict[str, int] | None = None
+        self._nvml_whole = False  # the last inventory was NVML's whole answer (not hung)
         self._counts: dict[tuple[str, str, str, str, str], _Count] = {}
         self.lines = 0
         self.dropped = 0
@@ -81,6 +88,36 @@ class KernelLogLedger:
         for g in gpu.gpus:
             if g.pci_bus_id:
                 self._gpus[nvml_to_sysfs_address(g.pci_bus_id)] = _Gpu(g.index, g.uuid)
+        self._nvml_whole = gpu.available and gpu.hung is None
+
+    @property
+    def wants_pci_gpus(self) -> bool:
+        """NVML does not answer in full and sysfs was not read yet: the poller should read the
+        PCI bus (`learn_pci_gpus`) before the next lines are recorded."""
+        return not self._nvml_whole and self._pci_order is None
+
+    def learn_pci_gpus(self, addresses: Sequence[str]) -> None:
+        """The NVIDIA GPUs on the PCI bus in address order (sysfs form). Their index is their
+        place in that order, NVML's order in practice (exporter/sources/pci_gpus.py says how
+        far that holds); the address goes with every event, so what is judged from it still
+        names the physical GPU."""
+        self._pci_order = {address: i for i, address in enumerate(addresses)}
+
+    def _gpu_at(self, address: str) -> _Gpu | None:
+        """Our GPU at a sysfs PCI address: as NVML named it; else, while NVML does not answer
+        in full, by the PCI order, if that order agrees with every GPU NVML did name and
+        gives an index NVML has not given another GPU. None: not a GPU we can name (a GPU
+        NVML's whole answer left out, as one that failed to initialise: its address is kept)."""
+        gpu = self._gpus.get(address)
+        if gpu is not None or self._nvml_whole or not self._pci_order:
+            return gpu
+        index = self._pci_order.get(address)
+        if index is None:
+            return None
+        for known, named in self._gpus.items():
+            if named.index == index or self._pci_order.get(known) != named.index:
+                return None  # NVML numbers them otherwise: the order is no guide here
+        return _Gpu(index, "")
 
     def record(self, batch: KernelLogBatch) -> tuple[KernelLogEvent, ...]:
         """Match every record of the batch; count the matches; return the events."""
@@ -92,7 +129,7 @@ class KernelLogLedger:
             hit = self._match(record.message)
             if hit is None:
                 continue
-            gpu = self._gpus.get(hit.pci_address) if hit.pci_address else None
+            gpu = self._gpu_at(hit.pci_address) if hit.pci_address else None
             event = KernelLogEvent(
                 kind=hit.kind,
                 pattern=hit.pattern,
@@ -137,8 +174,9 @@ class KernelLogLedger:
         for e in events:
             if e.kind != "xid" or e.code is None or e.gpu_index is None or not e.pci_address:
                 continue
-            gpu = self._gpus[e.pci_address]
-            out.append(XidEvent(gpu.index, gpu.uuid, e.code, e.timestamp))
+            gpu = self._gpu_at(e.pci_address)
+            uuid = gpu.uuid if gpu is not None and gpu.index == e.gpu_index else ""
+            out.append(XidEvent(e.gpu_index, uuid, e.code, e.timestamp))
         return out
 
     def merge_xids(

@@ -102,15 +102,21 @@ class SimulatedNode:
         self.sysfs = SimulatedSysfs(self.root, profile, faults, seed=seed)
         self.sysfs.write()
         self.labels = StaticNodeLabels(dict(profile.topology_labels))
-        uuids = [self.nvml.uuid_of(i) for i in range(len(profile.gpus))]
+        # The GPUs the node booted with (the device plugin advertises no GPU gone from the bus)
+        uuids = [
+            self.nvml.uuid_of(i)
+            for i in range(len(profile.gpus))
+            if self.nvml.nvml_index_of(i) is not None
+        ]
         self.pods = StaticPodResources(simulated_pods(profile, uuids))
         # Booted a while ago; what the boot logged is old news to an agent starting now.
         self.kernel_log = SimKernelLog(clock=self.clock, boot_time=self.clock.now - 600.0)
         for line in _BOOT_LINES:
             self.kernel_log.write(line)
         # Faults reach the log once the agent reads it, as NVML's XIDs reach its event set
-        # once it registered: a fault "happens" while the agent watches.
-        self._unlogged: list[Fault] = list(faults)
+        # once it registered: a fault "happens" while the agent watches. A GPU gone at the
+        # start is not a fault of this boot: the bus never had it, nothing is logged.
+        self._unlogged: list[Fault] = [f for f in faults if f.kind != "gpu-gone"]
         self._log_open = False
 
     def inject(self, fault: Fault) -> None:
@@ -158,7 +164,7 @@ class SimulatedNode:
                     f"NVRM: GPU {address}: RmInitAdapter failed! (0x22:0x56:667)",
                     f"NVRM: GPU {address}: rm_init_adapter failed, device minor number {fault.gpu}",
                 ]
-            if fault.kind == "gpu-lost":
+            if fault.kind in ("gpu-lost", "gpu-gone"):  # gone: injected while it was there
                 return [
                     f"NVRM: Xid (PCI:{nvrm}): 79, pid=4242, name=python3, "
                     "GPU has fallen off the bus.",

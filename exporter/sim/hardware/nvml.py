@@ -29,6 +29,18 @@ announced by an XID 154 through the event set, as the driver does (`recovery_act
 `nvml-hang` makes every call on its GPU (from `nvmlDeviceGetHandleByIndex` on) block until the
 fault is cleared, as a call into a wedged driver never returns; the event set keeps delivering.
 
+GPUs are enumerated as the driver probed them (`nvmlDeviceGetCount`, `nvmlDeviceGetHandleByIndex`):
+`gpu-gone` (a GPU fallen off the bus that did not come back) present at the start is a node that
+booted without that GPU, so NVML counts one GPU fewer and gives the GPUs after it consecutive
+indices, one lower than their slot, each keeping its UUID and PCI bus id ("The order in which
+NVML enumerates devices has no guarantees of consistency between reboots. For that reason it is
+recommended that devices be looked up by their PCI ids or UUID", nvml.h,
+nvmlDeviceGetHandleByIndex). Injected at run time it fails every call GPU_IS_LOST, as
+`gpu-lost` does, and the enumeration stays as it was until the driver probes again: when
+`driver-unloaded` or `driver-upgraded` clears (the driver loaded anew). A fault's `gpuN` names
+the physical GPU, the profile's slot N, whatever index NVML gives it; so do `uuid_of`,
+`gpu_calls` and `cost_ms`.
+
 `calls` counts every simulated function by name, `field_requests` every requested field id, and
 `gpu_calls` every call made on one GPU, by (GPU index, function), so tests and benchmarks can
 assert and print what the source asked for. `cost_ms` adds up, per GPU, what those calls would
@@ -299,9 +311,11 @@ class SimulatedNvml:
         self._unsupported = _ALWAYS_UNSUPPORTED | frozenset(unsupported)
         default_fields = _DL_ERROR_FIELDS if self._blackwell else _NVLINK5_FIELDS
         self._unsupported_fields = default_fields | frozenset(unsupported_fields)
-        self._gpus = self._build_gpus(profile, seed)
+        self._gpus = self._build_gpus(profile, seed)  # every physical GPU, by its slot
         self._by_id = {id(g.handle): g for g in self._gpus}
         self._by_address = {_address(g.handle): g for g in self._gpus}
+        gone = {f.gpu for f in faults if f.kind == "gpu-gone"}
+        self._enumerated = tuple(g for g in self._gpus if g.index not in gone)  # NVML's order
         self._processes = simulated_processes(profile)
         self._next_address = 0x7A000000
         self._samples: dict[int, tuple[int, float]] = {}  # GPM sample -> (gpu, time)
@@ -316,7 +330,22 @@ class SimulatedNvml:
     # ----- simulation control ------------------------------------------------------------------
 
     def uuid_of(self, index: int) -> str:
+        """The UUID of the physical GPU in the profile's slot `index` (not NVML's index)."""
         return self._gpus[index].uuid
+
+    def nvml_index_of(self, index: int) -> int | None:
+        """The index NVML enumerates the physical GPU `index` at; None while it is not
+        enumerated (gone from the bus since the driver last probed it)."""
+        for position, gpu in enumerate(self._enumerated):
+            if gpu.index == index:
+                return position
+        return None
+
+    def probe(self) -> None:
+        """The driver probes the PCI bus again (it was loaded anew): GPUs gone from the bus
+        are no longer enumerated, the others take consecutive indices."""
+        with self._lock:
+            self._enumerated = tuple(g for g in self._gpus if not self._has("gpu-gone", g.index))
 
     def inject(self, fault: Fault) -> None:
         """Start a fault now. An XID is queued for one delivery; others last until cleared."""
@@ -333,7 +362,7 @@ class SimulatedNvml:
             if fault not in self._faults:  # copy on write: readers iterate without the lock
                 self._faults = {**self._faults, fault: self._now()}
                 if fault.kind in ("recovery", "uvm-fatal"):  # a new action: XID 154 says so
-                    gpus = range(len(self._gpus)) if fault.gpu is None else [fault.gpu]
+                    gpus = [g.index for g in self._enumerated] if fault.gpu is None else [fault.gpu]
                     self._pending_xids.extend((g, XID_RECOVERY_ACTION_CHANGED) for g in gpus)
                     self._events.notify_all()
 
@@ -349,6 +378,8 @@ class SimulatedNvml:
                 self._thermal_banked[fault.gpu] = banked + self._now() - began
             self._faults = {f: t for f, t in self._faults.items() if f != fault}
             self._events.notify_all()  # a call hung on this fault returns
+        if fault.kind in ("driver-unloaded", "driver-upgraded"):
+            self.probe()  # the driver is loaded again: it probes the bus afresh
 
     def __getattr__(self, name: str) -> Any:
         """NVML_* constants, structs and error classes come from pynvml itself."""
@@ -454,7 +485,7 @@ class SimulatedNvml:
 
     def _down_code(self, gpu: int) -> int | None:
         """The code every call on a lost GPU, or one needing a reset, fails with."""
-        if self._has("gpu-lost", gpu):
+        if self._has("gpu-lost", gpu) or self._has("gpu-gone", gpu):
             return int(pynvml.NVML_ERROR_GPU_IS_LOST)
         if self._has("gpu-reset-required", gpu):
             return int(pynvml.NVML_ERROR_RESET_REQUIRED)
@@ -540,16 +571,18 @@ class SimulatedNvml:
 
     def nvmlDeviceGetCount(self) -> int:
         self._count("nvmlDeviceGetCount")
-        return len(self._gpus)
+        return len(self._enumerated)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
         self._count("nvmlDeviceGetHandleByIndex")
-        if not 0 <= index < len(self._gpus):
+        enumerated = self._enumerated
+        if not 0 <= index < len(enumerated):
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        self._charge(index, "nvmlDeviceGetHandleByIndex")
+        gpu = enumerated[index]
+        self._charge(gpu.index, "nvmlDeviceGetHandleByIndex")
         if self._faults:
-            self._hang(index)
-        return self._gpus[index].handle
+            self._hang(gpu.index)
+        return gpu.handle
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         return self._device("nvmlDeviceGetUUID", handle).uuid

@@ -232,7 +232,11 @@ class SimulatedSysfs:
         self._faults: list[Fault] = []
         self._nr_cpus = max((c for n in profile.numa for c in n.cpus), default=-1) + 1
         self._node_cpus = {n.node: n.cpus for n in profile.numa}
-        self._functions = _pci_layout(profile)
+        # A GPU gone from the bus at the start (gpu-gone): the node booted without it, so the
+        # kernel enumerated no PCI function there. Injected later it stays listed, as the
+        # kernel keeps a device that fell off until it is removed or the node reboots.
+        gone = {f.gpu for f in faults if f.kind == "gpu-gone"}
+        self._functions = _pci_layout(profile, gone)
         self._by_address = {f.address: f for f in self._functions}
         self._efa: dict[str, _EfaState] = {}
         for index, spec in enumerate(profile.efa):
@@ -971,12 +975,15 @@ def _symlink_rel(target: str, link: str, *, via_parent: bool = False) -> None:
     os.symlink(rel, link)
 
 
-def _pci_layout(profile: HardwareProfile) -> list[_PciFunction]:
-    """One host bridge + root port + switch (upstream, downstream ports) per profile switch."""
+def _pci_layout(profile: HardwareProfile, gone: Iterable[int | None] = ()) -> list[_PciFunction]:
+    """One host bridge + root port + switch (upstream, downstream ports) per profile switch;
+    no function for a GPU in `gone` (its slot), which the bus did not enumerate."""
     gpu_device = _GPU_DEVICE_IDS.get(profile.instance_type, "0x2330")
     members: dict[int, list[tuple[str, int, str]]] = {}  # switch -> (address, numa, kind)
+    absent = set(gone)
     for g in profile.gpus:
-        members.setdefault(g.switch, []).append((g.sysfs_address, g.numa_node, "gpu"))
+        if g.index not in absent:
+            members.setdefault(g.switch, []).append((g.sysfs_address, g.numa_node, "gpu"))
     for e in profile.efa:
         members.setdefault(e.switch, []).append((e.pci_address, e.numa_node, "efa"))
 

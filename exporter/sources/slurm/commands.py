@@ -2,16 +2,20 @@
 
 Everything topowatch asks slurmctld goes through `SlurmCli`, so the rules that keep a head node
 safe live in one place: an argv list (a node name with shell metacharacters is one argument, never
-a command), a timeout (a hung slurmctld costs one timeout, not a thread), and a node name check
-before any write (`scontrol update` takes `key=value` words: a name holding `=`, a space or a comma
-would change what is updated, so it is refused, not quoted).
+a command), a timeout (a hung slurmctld costs one timeout, not a thread; the command's whole
+process group is killed with it, see `run_in_group`), and a node name check before any write
+(`scontrol update` takes `key=value` words: a name holding `=`, a space or a comma would change
+what is updated, so it is refused, not quoted). The one shell is `run_in_group`'s keeper, a fixed
+script that never sees an argument.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
@@ -21,6 +25,13 @@ from collections.abc import Mapping, Sequence
 _SAFE_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _UNKNOWN_OPTION = ("unrecognized option", "invalid option")
 MAX_REASON_CHARS = 200  # a node Reason is shown in sinfo -R; keep it one readable line
+
+
+# The process group's keeper (`run_in_group`): blocks on its stdin, a pipe whose only writer is
+# this process, and kills its whole group at end of file. A fixed script: no argument of ours
+# is ever part of it.
+_KEEPER = "read _; kill -s KILL 0"
+_KEEPER_SHELL = "/bin/sh"
 
 
 class SlurmCommandError(RuntimeError):
@@ -87,26 +98,17 @@ class SlurmCli:
         """stdout of `argv` (argv[0] a Slurm command name); SlurmCommandError otherwise."""
         command = [self.binary(argv[0]), *argv[1:]]
         try:
-            done = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                timeout=self.timeout_s,
-                env=self.env,
-                check=False,
-            )
+            code, stdout, stderr = run_in_group(command, self.env, self.timeout_s)
         except subprocess.TimeoutExpired as exc:
             raise SlurmCommandError(
                 f"{argv[0]} timed out after {self.timeout_s:g} s", "timeout"
             ) from exc
         except OSError as exc:
             raise SlurmCommandError(f"cannot run {command[0]}: {exc.strerror}", "missing") from exc
-        if done.returncode != 0:
-            said = " ".join((done.stderr or done.stdout).split())[:300]
-            raise SlurmCommandError(
-                f"{' '.join(argv[:3])} exited {done.returncode}: {said}", "failed"
-            )
-        return done.stdout
+        if code != 0:
+            said = " ".join((stderr or stdout).split())[:300]
+            raise SlurmCommandError(f"{' '.join(argv[:3])} exited {code}: {said}", "failed")
+        return stdout
 
     # -- reads --
 
@@ -168,3 +170,74 @@ class SlurmCli:
         if unsafe:
             raise SlurmCommandError(f"refused: unsafe Slurm node name {unsafe[0]!r}", "refused")
         return ",".join(nodes)
+
+
+def run_in_group(
+    command: Sequence[str], env: Mapping[str, str] | None, timeout_s: float
+) -> tuple[int, str, str]:
+    """Run `command` in a process group of its own: (exit code, stdout, stderr), or
+    `subprocess.TimeoutExpired` after `timeout_s`, when the whole group has been killed.
+
+    Why a group: a hung `scontrol` may be a wrapper script (a site's, or a test's) whose child
+    holds the call, or a command that forked; killing only the process started leaves its
+    children running, and one could carry out a late `scontrol update` after the decision was
+    written off as timed out. `os.killpg` on the command's own group (setpgid(2)) kills them all.
+
+    A group of its own must not outlive this process either: before it, the command sat in the
+    caller's group, and whatever killed the controller's group (a test, an init system sending
+    the group a signal) took it along. So the group's first member is a keeper, `sh -c "read _;
+    kill -s KILL 0"`, whose stdin is a pipe only this process writes to (os.pipe is
+    non-inheritable, PEP 446, and subprocess closes other descriptors in every other child). When
+    this process ends, however it ends (SIGKILL included), the kernel closes the pipe, `read`
+    returns at end of file, and `kill 0` signals the whole group (POSIX kill(2): pid 0 is "all
+    processes whose process group ID is equal to the process group ID of the sender"). After a
+    normal exit the pipe is closed too: anything the command left running in its group dies
+    with the keeper. Under systemd the unit's cgroup is killed anyway (KillMode=control-group);
+    the keeper covers a controller run by hand, in a container without an init, or in a test.
+    Without /bin/sh the command still gets its own group and the timeout still kills it.
+    """
+    read_end, write_end = os.pipe()
+    keeper: subprocess.Popen[bytes] | None = None
+    try:
+        keeper = subprocess.Popen(
+            [_KEEPER_SHELL, "-c", _KEEPER],
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            process_group=0,
+            env={},
+        )
+    except OSError:
+        keeper = None
+    finally:
+        os.close(read_end)
+    try:
+        proc = subprocess.Popen(
+            list(command),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(env) if env is not None else None,
+            process_group=keeper.pid if keeper is not None else 0,
+        )
+    except BaseException:
+        _release(write_end, keeper)
+        raise
+    group = keeper.pid if keeper is not None else proc.pid
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except BaseException:  # the timeout, or an interrupt: the group goes, then the pipes drain
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+        proc.communicate()
+        _release(write_end, keeper)
+        raise
+    _release(write_end, keeper)
+    return proc.returncode, stdout, stderr
+
+
+def _release(write_end: int, keeper: subprocess.Popen[bytes] | None) -> None:
+    """Close the keeper's pipe (it kills what is left of the group, itself last) and reap it."""
+    os.close(write_end)
+    if keeper is not None:
+        keeper.wait()

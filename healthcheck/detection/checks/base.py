@@ -11,8 +11,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from exporter.core.findings import Finding
-from exporter.core.snapshot import NodeSnapshot
+from exporter.core.snapshot import KernelLogCount, NodeSnapshot
 from healthcheck.detection.checks.xid_memory import XidMemory
+
+
+@dataclass(frozen=True, slots=True)
+class HeldLine:
+    """Kernel log lines of one (kind, pattern, severity, GPU, device), as an agent held them for
+    the kernel log check: their count and latest line, and when the monitor first held them.
+    An earlier agent of this boot wrote them to the state file; the lines themselves are behind
+    the kernel log's cursor and are never read again (healthcheck/detection/xid_state.py)."""
+
+    count: KernelLogCount
+    first_seen: float
+
+    @property
+    def key(self) -> tuple[str, str, str, str, str]:
+        c = self.count
+        return (c.kind, c.pattern, c.severity, c.gpu, c.device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +40,9 @@ class History:
     # GPU UUID -> when the agent first read that GPU (up), for start-up grace periods
     gpu_first_seen: Mapping[str, float] = field(default_factory=dict)
     xids: XidMemory = field(default_factory=XidMemory)
+    # Kernel log lines an earlier agent of this boot held (restored; this agent's own counts are
+    # in the snapshot's kernel log reading): the kernel log check adds them to the reading's.
+    kernel_log: tuple[HeldLine, ...] = ()
 
     def first_seen(self, check: str, component: str, now: float) -> float:
         return self.onset.get((check, component), now)
