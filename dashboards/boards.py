@@ -1,4 +1,4 @@
-"""The six topowatch dashboards. Each answers one question (README, "## Dashboards"); every
+"""The seven topowatch dashboards. Each answers one question (README, "## Dashboards"); every
 query reads only series topowatch exposes (tests/deploy/test_dashboards.py checks that) plus
 Prometheus' own `up`."""
 
@@ -1209,6 +1209,176 @@ def quota() -> db.Dashboard:
     )
 
 
+def goodput() -> db.Dashboard:
+    """How much GPU time the cluster loses, to what and where (README, "Goodput and
+    reliability" has the definitions)."""
+    t = f'{C}, team=~"$team"'
+    to_node = link_to(
+        "node", "Node hardware for ${__data.fields.node}", "var-node=${__data.fields.node}"
+    )
+    return (
+        dashboard(
+            "goodput",
+            "topowatch / Goodput and reliability",
+            "How much GPU time does the cluster lose, to what, where, and which nodes keep"
+            " failing?",
+            ["goodput", "reliability", "kueue"],
+        )
+        .with_variable(
+            query_variable(
+                "team", f"label_values(topowatch_goodput_ettr_ratio{{{C}}}, team)", multi=True
+            )
+        )
+        .link(link_to("health", "Health and remediation"))
+        .link(link_to("governance", "Task governance"))
+        .with_row(db.Row("Goodput"))
+        .with_panel(
+            single(
+                "ETTR",
+                "Effective training time ratio of the selected teams: time running over wall"
+                " time since first admission, less the time the owners chose to wait.",
+                f"sum(topowatch_goodput_running_seconds{{{t}}})"
+                f" / sum(topowatch_goodput_effective_wall_seconds{{{t}}})",
+                unit="percentunit",
+            )
+        )
+        .with_panel(
+            single(
+                "GPU-hours lost",
+                "GPUs held idle or torn down by interruptions, times the time until their job"
+                " ran again (open interruptions up to now), over the ledger's retention.",
+                f"sum(topowatch_goodput_lost_gpu_seconds{{{t}}}) / 3600 or vector(0)",
+            )
+        )
+        .with_panel(
+            single(
+                "Interruptions",
+                "Running jobs that stopped running in the dashboard's range, every cause but"
+                " completion.",
+                f'sum(increase(topowatch_interruptions_total{{{t}, cause!="completed"}}'
+                "[$__range])) or vector(0)",
+            )
+        )
+        .with_panel(
+            single(
+                "GPU time running",
+                "Share of every GPU-second of the selected range spent running a workload.",
+                f'sum(increase(topowatch_gpu_seconds_total{{{C}, category="running"}}'
+                f"[$__range])) / sum(increase(topowatch_gpu_seconds_total{{{C}}}[$__range]))",
+                unit="percentunit",
+            )
+        )
+        .with_panel(
+            single(
+                "Repeat offenders",
+                "Nodes with repeated hardware findings in the window (default 2 in 7 days):"
+                " remediation replaces them rather than rebooting.",
+                f"count(topowatch_node_repeat_offender{{{C}}} == 1) or vector(0)",
+            )
+        )
+        .with_panel(
+            single(
+                "Jobs left out",
+                "Jobs without per-job series because of the series cap.",
+                f"max(topowatch_goodput_job_series_dropped{{{C}}}) or vector(0)",
+            )
+        )
+        .with_panel(
+            series(
+                "ETTR by team",
+                "Each team's effective training time ratio over its live and recent jobs.",
+                "percentunit",
+                query(f"max by (team) (topowatch_goodput_ettr_ratio{{{t}}})", "{{team}}"),
+            )
+        )
+        .with_panel(
+            bars(
+                "GPU-hours lost by cause",
+                "Lost GPU-hours per cause: preempted, node fault, remediation, elastic"
+                " scale-down, user, unknown.",
+                f"sum by (cause) (topowatch_goodput_lost_gpu_seconds{{{t}}}) / 3600",
+                "{{cause}}",
+            )
+        )
+        .with_panel(
+            grid(
+                "Jobs with the lowest ETTR",
+                "Live and recent jobs, worst first, with their interruption count.",
+                query(f"bottomk(20, topowatch_job_ettr_ratio{{{t}}})", instant=True),
+                query(f"topowatch_job_interruptions{{{t}}}", instant=True),
+                rename={"Value #A": "ETTR", "Value #B": "interruptions"},
+                width=24,
+            )
+        )
+        .with_row(db.Row("Where every GPU-second went"))
+        .with_panel(
+            series(
+                "GPUs by state",
+                "The GPU-second ledger as GPUs: running, restarting, absorbed by elastic jobs"
+                " above their minimum, idle, and unavailable by reason. The states add up to"
+                " the capacity.",
+                "short",
+                query(
+                    f"sum by (category) (rate(topowatch_gpu_seconds_total{{{C}}}[{RATE}]))",
+                    "{{category}}",
+                ),
+            ).stacking(StackingConfig().mode(StackingMode.NORMAL))
+        )
+        .with_panel(
+            series(
+                "Idle GPUs by reason",
+                "Idle GPUs split by what keeps them idle: claimable, topology, quota, no demand.",
+                "short",
+                query(
+                    "sum by (reason) "
+                    f"(rate(topowatch_gpu_idle_seconds_by_reason_total{{{C}}}[{RATE}]))",
+                    "{{reason}}",
+                ),
+            ).stacking(StackingConfig().mode(StackingMode.NORMAL))
+        )
+        .with_panel(
+            bars(
+                "Interruptions by cause and component",
+                "Interruptions in the range per cause, and for node faults and remediation the"
+                " component that failed.",
+                f"sum by (cause, component) (increase(topowatch_interruptions_total{{{t}}}"
+                "[$__range]))",
+                "{{cause}} {{component}}",
+            )
+        )
+        .with_row(db.Row("Fleet reliability"))
+        .with_panel(
+            bars(
+                "Interruptions per 1,000 node-days",
+                "Per failing component (GPU, HBM/ECC, NVLink/fabric, EFA/network, host/kernel,"
+                " software, unknown): compare with Meta's published rates.",
+                f"sum by (component) (topowatch_fleet_interruptions{{{C}}}) / on () group_left ()"
+                f" (sum(topowatch_fleet_observed_node_seconds{{{C}}}) / 86400 / 1000)",
+                "{{component}}",
+            )
+        )
+        .with_panel(
+            grid(
+                "Mean time between hardware findings",
+                "Hours per hardware finding, per instance type, layer-3 domain and UltraServer.",
+                query(f"topowatch_fleet_mtbf_seconds{{{C}}} / 3600", instant=True),
+                rename={"Value": "MTBF (hours)"},
+            )
+        )
+        .with_panel(
+            grid(
+                "Repeat offenders",
+                "Nodes with repeated hardware findings in the window, and how many.",
+                query(f"topowatch_node_hardware_incidents{{{C}}}", instant=True),
+                query(f"topowatch_node_repeat_offender{{{C}}} == 1", instant=True),
+                links=[to_node],
+                rename={"Value #A": "incidents", "Value #B": "repeat offender"},
+                width=24,
+            )
+        )
+    )
+
+
 # file name (without .json) -> builder
 DASHBOARDS: dict[str, Callable[[], db.Dashboard]] = {
     "fleet": fleet,
@@ -1217,4 +1387,5 @@ DASHBOARDS: dict[str, Callable[[], db.Dashboard]] = {
     "task-governance": governance,
     "health-remediation": health,
     "quota-planning": quota,
+    "goodput-reliability": goodput,
 }

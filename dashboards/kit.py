@@ -32,6 +32,7 @@ UIDS = {
     "governance": "topowatch-task-governance",
     "health": "topowatch-health",
     "quota": "topowatch-quota-planning",
+    "goodput": "topowatch-goodput",
 }
 
 

@@ -168,9 +168,19 @@ def simulated_world() -> SimulatedWorld:
     clock = [START]
     controller = RemediationController(PolicyConfig(), [], clock=lambda: clock[0])
     service = ClusterService(controller=controller, clock=lambda: clock[0], quota_min_observed_s=0)
-    for kind, plural in _PLURALS:
-        service.replace(kind, [dict(obj, kind=kind) for obj in store.items(plural)])
     nodes = cluster.nodes()
+    sick = nodes[0].name
+    # Two days ago the sick node had a hardware incident of its own (an NVLink link down, gone
+    # since): with today's XID it is a repeat offender (2 in 7 days).
+    earlier = {sick: [_nvlink_down_finding(START - 2 * 86_400)]}
+    for kind, plural in _PLURALS:
+        items = [dict(obj, kind=kind) for obj in store.items(plural)]
+        if kind == "Node":
+            items = [
+                _with_findings(obj, earlier[_name(obj)], bump=0) if _name(obj) in earlier else obj
+                for obj in items
+            ]
+        service.replace(kind, items)
     cordoned = nodes[1].name
     cluster.cordon(cordoned)
     # 48 GPUs preferring one layer-3 domain (32 GPUs of p5 each): admitted, but spread
@@ -179,7 +189,6 @@ def simulated_world() -> SimulatedWorld:
         now = START + 10.0 * tick
         cluster.step(now)
     clock_now = clock[0] = now
-    sick = nodes[0].name
     findings = {sick: [_xid_finding(clock_now)]}
     # EFA remote errors on every node of the spread workload but one: the cluster service's
     # correlation names the silent one (only-silent-node). No finding here asks for an action,
@@ -231,6 +240,13 @@ def _xid_finding(now: float) -> Finding:
     return Finding("xid", "gpu3", "fatal", "replace", "XID 79 fallen off the bus", now, now, True)
 
 
+def _nvlink_down_finding(since: float) -> Finding:
+    """Link 3 of GPU 0 inactive since `since` (critical, reboot), as the node agent reports it."""
+    return Finding(
+        "nvlink_down", "gpu0:link3", "critical", "reboot", "link 3 inactive", since, since, True
+    )
+
+
 def _remote_errors_finding(now: float) -> Finding:
     """The node agent's `efa_remote_errors` finding (warning, no action;
     healthcheck/detection/checks/efa.py) on a node whose peers stopped answering for the last five
@@ -246,13 +262,17 @@ def _remote_errors_finding(now: float) -> Finding:
     )
 
 
-def _with_findings(node: dict[str, Any], findings: list[Finding]) -> dict[str, Any]:
+def _with_findings(node: dict[str, Any], findings: list[Finding], bump: int = 1) -> dict[str, Any]:
     """`node` as its agent would report it with `findings` in its annotation, at the new
     resourceVersion the API server gives the patched object (the model skips a re-listed
-    object whose version it already holds)."""
+    object whose version it already holds). `bump=0` for the first list, so that a later
+    patch of the same object is still news."""
     meta = dict(node.get("metadata") or {})
     version = str(meta.get("resourceVersion") or "0")
-    meta["resourceVersion"] = str(int(version) + 1) if version.isdigit() else f"{version}-1"
+    if bump:
+        meta["resourceVersion"] = (
+            str(int(version) + bump) if version.isdigit() else f"{version}-{bump}"
+        )
     meta["annotations"] = {
         **(meta.get("annotations") or {}),
         FINDINGS_ANNOTATION: findings_to_json(findings),

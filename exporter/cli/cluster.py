@@ -54,6 +54,30 @@ def add_cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="live workloads with per-workload series (largest first)",
     )
     cluster.add_argument("--seed", type=int, default=0, help="seed of the simulation")
+    goodput = cluster.add_argument_group("goodput (interruptions, ETTR, fleet reliability)")
+    goodput.add_argument(
+        "--goodput-checkpoint-key",
+        default=None,
+        metavar="KEY",
+        help="annotation or label on a job (Workload, HyperPodPyTorchJob) holding its last "
+        "checkpoint time, RFC 3339 or Unix seconds: work lost since it is reported "
+        "(default topowatch.io/last-checkpoint)",
+    )
+    goodput.add_argument(
+        "--repeat-offender",
+        type=repeat_offender,
+        default=(2, 7 * 86_400.0),
+        metavar="N/D",
+        help="a node with N hardware incidents within duration D is a repeat offender, to be "
+        "replaced rather than rebooted (default 2/7d)",
+    )
+    goodput.add_argument(
+        "--goodput-job-series-cap",
+        type=positive_int,
+        default=500,
+        metavar="N",
+        help="live and recent jobs with per-job goodput series, largest first (default 500)",
+    )
     cluster.add_argument(
         "--remediation-config",
         type=Path,
@@ -124,6 +148,33 @@ def add_cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(func=run_explain)
+
+
+def repeat_offender(value: str) -> tuple[int, float]:
+    """`N/D`: N incidents within duration D (`2/7d`, `3/36h`), for --repeat-offender."""
+    from exporter.cluster.history.args import seconds
+
+    count, slash, window = value.partition("/")
+    span = seconds(window) if slash else None
+    try:
+        number = int(count)
+    except ValueError:
+        number = 0
+    if number < 1 or span is None or span <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected N/DURATION, N incidents within a duration, like 2/7d or 3/36h"
+        )
+    return number, span
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a positive whole number")
+    return number
 
 
 def run_cluster(args: argparse.Namespace) -> int:
@@ -205,6 +256,12 @@ def run_cluster(args: argparse.Namespace) -> int:
             if env is not None:
                 env.stop()
             return 2
+    from exporter.cluster.goodput import GoodputConfig
+
+    findings, window = args.repeat_offender
+    goodput = GoodputConfig(repeat_findings=findings, repeat_window_s=window)
+    if args.goodput_checkpoint_key:
+        goodput = GoodputConfig(args.goodput_checkpoint_key, findings, window)
     try:
         serve_cluster(
             client,
@@ -218,6 +275,8 @@ def run_cluster(args: argparse.Namespace) -> int:
             ec2_events_horizon_s=max(0.0, args.ec2_events_horizon) * 3600.0,
             leadership=leadership,
             history=history,
+            goodput=goodput,
+            goodput_job_cap=args.goodput_job_series_cap,
         )
     finally:
         if env is not None:

@@ -150,6 +150,9 @@ def explain_text(view: Mapping[str, Any]) -> str:
     if elastic:
         lines.append(f"Part of {elastic['kind']} {elastic['name']}: {elastic['summary']}")
         lines.extend(f"  {line}" for line in _elastic_lines(elastic, preemptions=False))
+    goodput = view.get("goodput")
+    if goodput:
+        lines.extend(goodput_lines(goodput, job_named=True))
     lines.extend(_placement_lines(view))
     efa = view.get("efa_remote_errors")
     if efa:
@@ -258,8 +261,126 @@ def job_text(job: Mapping[str, Any]) -> str:
     queue = job.get("cluster_queue") or "?"
     lines = [f"{job['namespace']}/{job['name']} ({job['kind']}, {queue}): {job['summary']}"]
     lines.extend(_elastic_lines(job, preemptions=True))
+    goodput = job.get("goodput")
+    if goodput:
+        lines.extend(goodput_lines(goodput))
     lines.extend(f"Note: {note}" for note in job.get("notes") or [])
     return "\n".join(lines) + "\n"
+
+
+# --- goodput (issue 29) -------------------------------------------------------------------
+
+
+def goodput_text(job: Mapping[str, Any]) -> str:
+    """`topowatch explain NS/JOB` for a job the goodput ledger knows (views.goodput.job_view)."""
+    queue = job.get("cluster_queue") or "?"
+    lines = [
+        f"{job['namespace']}/{job['name']} ({job['kind']}, {queue}): {job['phase']}, "
+        f"{job['gpus']} GPUs, team {job.get('team') or '?'}"
+    ]
+    lines.extend(goodput_lines(job))
+    return "\n".join(lines) + "\n"
+
+
+def goodput_lines(job: Mapping[str, Any], job_named: bool = False) -> list[str]:
+    """The job's ETTR and its interruptions, each with cause, evidence and lost GPU-hours.
+    `job_named`: say which job (a Workload's explanation, where the job is its owner)."""
+    seconds = job.get("seconds") or {}
+    ettr = job.get("ettr")
+    whose = f" of {job['kind']} {job['name']}" if job_named else ""
+    shown = ettr_words(ettr)
+    spent = ", ".join(
+        f"{phase} {duration_words(seconds[phase])}"
+        for phase in ("restarting", "waiting", "preempted", "suspended", "unobserved")
+        if seconds.get(phase)
+    )
+    lines = [
+        f"Goodput{whose}: ETTR {shown} (running {duration_words(seconds.get('running', 0.0))} "
+        f"of {duration_words(job.get('effective_wall_s') or 0.0)} counted"
+        + (f"; {spent}" if spent else "")
+        + f"), {_gpu_hours(job.get('lost_gpu_hours'))} GPU-hours lost"
+    ]
+    work = job.get("work_lost_gpu_hours")
+    if work is not None:
+        lines.append(f"  Work lost since checkpoints: {_gpu_hours(work)} GPU-hours")
+    entries = [e for e in job.get("interruptions") or [] if e.get("cause") != "completed"]
+    if not entries:
+        lines.append("Not interrupted.")
+        return lines
+    causes: dict[str, int] = {}
+    for entry in entries:
+        causes[_cause_words(entry)] = causes.get(_cause_words(entry), 0) + 1
+    summary = ", ".join(f"{n} {cause}" for cause, n in causes.items())
+    times = "time" if len(entries) == 1 else "times"
+    lines.append(f"Interrupted {len(entries)} {times}: {summary}")
+    lines.extend(f"  {line}" for entry in entries for line in interruption_lines(entry))
+    return lines
+
+
+def interruption_lines(entry: Mapping[str, Any]) -> list[str]:
+    """One entry: when, why (and the evidence), what it cost, and how the recovery went."""
+    lost = _gpu_hours(entry.get("lost_gpu_hours"))
+    state = "" if entry.get("settled") else " (not settled yet)"
+    detail = entry.get("detail") or entry.get("missing") or "no evidence"
+    head = (
+        f"{entry.get('stopped_at') or '?'} {_cause_words(entry)}{state}: {detail}; "
+        f"{entry.get('gpus', 0)} GPUs, {lost} GPU-hours lost"
+        + (" so far" if entry.get("open") else "")
+    )
+    lines = [head]
+    steps = [
+        (label, entry.get(key))
+        for label, key in (
+            ("detected", "detected_at"),
+            (f"action {entry.get('evidence', {}).get('action') or '?'}", "action_at"),
+            ("node back", "node_back_at"),
+            ("running again", "resumed_at"),
+        )
+        if entry.get(key)
+    ]
+    if steps:
+        lines.append("  " + " -> ".join(f"{label} {at}" for label, at in steps))
+    if entry.get("uncertain"):
+        lines.append(f"  Uncertain: {entry['uncertain']}")
+    if entry.get("missing") and entry.get("cause") == "unknown":
+        lines.append(f"  Missing: {entry['missing']}")
+    if entry.get("work_lost_gpu_hours") is not None:
+        lines.append(
+            f"  Work lost since its checkpoint at {entry.get('checkpoint_at')}: "
+            f"{_gpu_hours(entry['work_lost_gpu_hours'])} GPU-hours"
+        )
+    elif entry.get("checkpoint_note"):
+        lines.append(f"  Checkpoint: {entry['checkpoint_note']}")
+    return lines
+
+
+def _cause_words(entry: Mapping[str, Any]) -> str:
+    cause = str(entry.get("cause") or "unknown").replace("_", " ")
+    component = entry.get("component")
+    return f"{cause} ({component})" if component else cause
+
+
+def ettr_words(ettr: float | None) -> str:
+    return "unknown yet" if ettr is None else f"{ettr:.1%}"
+
+
+def duration_words(seconds: float) -> str:
+    """2d03h, 5h07m, 12m05s, 40s."""
+    total = max(0, round(seconds))
+    days, rest = divmod(total, 86_400)
+    hrs, rest = divmod(rest, 3600)
+    mins, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hrs:02d}h"
+    if hrs:
+        return f"{hrs}h{mins:02d}m"
+    if mins:
+        return f"{mins}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _gpu_hours(value: Any) -> str:
+    return f"{float(value or 0.0):.2f}"
 
 
 def _elastic_lines(job: Mapping[str, Any], preemptions: bool) -> list[str]:

@@ -28,12 +28,15 @@ from exporter.cluster.explain import (
     DumpError,
     dump_notes,
     explain_text,
+    goodput_text,
     job_text,
     load_dump_objects,
     model_from_objects,
     preemptions_text,
 )
+from exporter.cluster.goodput import GoodputBook, GoodputConfig
 from exporter.cluster.informers import InformerSet
+from exporter.cluster.metrics.goodput import DEFAULT_JOB_CAP
 from exporter.cluster.service import ClusterService, build_app, run_app
 from exporter.cluster.views.elastic import explained_workload, find_job, job_view
 from exporter.cluster.views.workloads import preemptions_view
@@ -50,6 +53,7 @@ DEFAULT_CLUSTER_PORT = 9403
 QUOTA_SAMPLE_S = 60.0
 EC2_EVENTS_INTERVAL_S = 300.0
 HISTORY_FLUSH_S = 1.0
+GOODPUT_TICK_S = 10.0  # attributions settle on time, not only on the next event
 
 
 def kube_api_client(host: str | None = None) -> kubernetes.client.ApiClient:
@@ -83,13 +87,17 @@ def serve_cluster(
     leadership: Leadership | None = None,
     history: HistoryFeed | None = None,
     history_flush_s: float = HISTORY_FLUSH_S,
+    goodput: GoodputConfig | None = None,
+    goodput_job_cap: int = DEFAULT_JOB_CAP,
 ) -> ClusterService:
     """Run informers and the HTTP service until SIGTERM/SIGINT (or `stop`). `ec2_events`, when
     given, is polled every `ec2_events_interval_s` for EC2 scheduled events. `leadership`
     (several replicas): campaigned for from the start; on stop the Lease is released, so a
     standby takes over at once rather than after the lease duration. `history` (a durable
     store): fed from the model and the audit every `history_flush_s`, by the leader only; on
-    stop what is queued is written (for up to 10 s)."""
+    stop what is queued is written (for up to 10 s). `goodput` configures the goodput ledger
+    (checkpoint key, repeat offenders); with a history store it is rebuilt from it at start,
+    so a restart keeps the ledger; `goodput_job_cap` bounds its per-job series."""
     service = ClusterService(
         workload_cap=workload_cap,
         controller=controller,
@@ -97,9 +105,17 @@ def serve_cluster(
         quota_min_observed_s=quota_min_observed_s,
         leadership=leadership,
         history=history,
+        goodput=GoodputBook(goodput),
+        goodput_job_cap=goodput_job_cap,
     )
     if history is not None:
-        history.attach(service.model, controller.auditor if controller is not None else None)
+        history.attach(
+            service.model,
+            controller.auditor if controller is not None else None,
+            goodput=service.goodput,
+            clock=service.clock,
+        )
+        _restore_goodput(service)
         if leadership is not None:
             history.leading = lambda: leadership.is_leader
         history.writer.start()
@@ -109,6 +125,7 @@ def serve_cluster(
         service.ec2_event_counts = ec2_events.counts
         service.ec2_event_horizon_s = ec2_events_horizon_s
     if controller is not None:
+        controller.repeat_offender = service.repeat_offender  # replace, not reboot, again
         controller.start()
     informers = InformerSet(api_client, service)
     service.attach(informers)
@@ -131,6 +148,7 @@ def serve_cluster(
                 on_started(bound, service)
 
         sampler = asyncio.create_task(_sample_quota(service, quota_sample_s))
+        ticker = asyncio.create_task(_tick_goodput(service, GOODPUT_TICK_S))
         pump = (
             asyncio.create_task(_pump_history(service, history, history_flush_s))
             if history is not None
@@ -145,6 +163,7 @@ def serve_cluster(
             await run_app(build_app(service), host, port, stop_event, started)
         finally:
             sampler.cancel()
+            ticker.cancel()
             if pump is not None:
                 pump.cancel()
             if poller is not None:
@@ -161,6 +180,37 @@ def serve_cluster(
         if leadership is not None:
             leadership.stop()
     return service
+
+
+def _restore_goodput(service: ClusterService) -> None:
+    """The goodput ledger as the previous process left it (before the first lists). A store
+    that is away now costs the restored history, not the start: the ledger begins empty."""
+    from exporter.store.sqlstore import StoreUnavailable
+
+    try:
+        bad = service.restore_goodput()
+    except StoreUnavailable as exc:
+        log.error("goodput ledger not restored (history store unavailable): %s", exc)
+        return
+    except Exception:  # a ledger it cannot rebuild must not stop the service
+        log.exception("goodput ledger not restored")
+        return
+    log.info(
+        "goodput ledger restored: %d interruptions, %d jobs%s",
+        len(service.goodput.interruptions()),
+        len(service.goodput.jobs),
+        f" ({bad} unreadable documents skipped)" if bad else "",
+    )
+
+
+async def _tick_goodput(service: ClusterService, every_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await loop.run_in_executor(None, service.tick_goodput)
+        except Exception:  # the ledger is not worth the live answers
+            log.exception("goodput tick failed")
 
 
 async def _pump_history(service: ClusterService, history: HistoryFeed, every_s: float) -> None:
@@ -378,7 +428,11 @@ def explain_live(server: str, target: str | None, all_preemptions: bool, as_json
         try:  # not a Workload: an elastic job's name, as users know it
             job = _get_json(f"{base}/api/v1/elastic/jobs/{quoted}")
         except NotFound:
-            raise ExplainError(f"no workload or elastic job {namespace}/{name} at {base}") from None
+            try:  # any job the goodput ledger knows (Job, PyTorchJob, HyperPodPyTorchJob)
+                job = _get_json(f"{base}/api/v1/goodput/{quoted}?timeline=0")
+            except NotFound:
+                raise ExplainError(f"no workload or job {namespace}/{name} at {base}") from None
+            return _dumps(job) if as_json else goodput_text(job)
         return _dumps(job) if as_json else job_text(job)
     return _dumps(view) if as_json else explain_text(view)
 

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from exporter.cluster.goodput import GoodputBook
 from exporter.cluster.history.args import parse_since as parse_since
 from exporter.cluster.history.routes import add_history_routes
 from exporter.cluster.history.rows import LIVE_CURSOR, live_audit_page, live_preemption_page
 from exporter.cluster.informers import InformerSet
+from exporter.cluster.metrics import goodput as goodput_metrics
 from exporter.cluster.metrics import render as metrics
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.quota.advisor import AdvisorConfig, Recommendation, advise, fair_share_weights
@@ -27,6 +29,7 @@ from exporter.cluster.quota.history import QuotaHistory
 from exporter.cluster.quota.views import quota_families, recommendations_view
 from exporter.cluster.ui import pages as ui
 from exporter.cluster.views import elastic as elastic_views
+from exporter.cluster.views import goodput as goodput_views
 from exporter.cluster.views import workloads as views
 from exporter.core.exposition import (
     COUNTER,
@@ -39,7 +42,7 @@ from exporter.core.exposition import (
     wants_openmetrics,
 )
 from exporter.sources.ec2_events import ScheduledEvent
-from exporter.store.records import AuditQuery, Page, PreemptionQuery
+from exporter.store.records import AuditQuery, GoodputQuery, Page, PreemptionQuery
 from exporter.store.sqlstore import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -63,8 +66,16 @@ class ClusterService:
         quota_min_observed_s: float = 3600.0,
         leadership: Leadership | None = None,
         history: HistoryFeed | None = None,
+        goodput: GoodputBook | None = None,
+        goodput_job_cap: int = goodput_metrics.DEFAULT_JOB_CAP,
     ) -> None:
         self.model = model or ClusterModel()
+        # The goodput ledger (issue 29): fed by the model, read by /metrics, the API, the pages.
+        self.goodput = goodput if goodput is not None else GoodputBook()
+        self.goodput.attach(self.model)
+        self.goodput_job_cap = goodput_job_cap
+        self.live_interruptions = goodput_metrics.LiveInterruptions()
+        self.goodput_figures = goodput_metrics.FigureCache()  # ended jobs, between scrapes
         self.history = history  # the durable store and its feed; None: memory only
         self.leadership = leadership  # several replicas: which one leads (exported)
         self.controller = controller  # gets every Node event; its observe_node never blocks
@@ -119,8 +130,18 @@ class ClusterService:
     # views, each taken under the lock
     def metrics_body(self, openmetrics: bool) -> bytes:
         with self.lock:
-            families = metrics.render(self.model, self.workload_cap, now=self.clock())
+            now = self.clock()
+            families = metrics.render(self.model, self.workload_cap, now=now)
             families.extend(quota_families(self._quota_advice, self.model))
+            families.extend(
+                goodput_metrics.render(
+                    self.goodput,
+                    now,
+                    self.goodput_job_cap,
+                    self.live_interruptions,
+                    self.goodput_figures,
+                )
+            )
         families.extend(self.informer_families())
         families.extend(self.ec2_event_families())
         if self.controller is not None:
@@ -193,12 +214,98 @@ class ClusterService:
             state = self.model.workload_state(namespace, name)
             if state is None:
                 return None
-            return elastic_views.explained_workload(self.model, state, now=self.clock())
+            now = self.clock()
+            view = elastic_views.explained_workload(self.model, state, now=now)
+            view["goodput"] = goodput_views.workload_job_view(self.goodput, namespace, name, now)
+            return view
 
     def elastic_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self.lock:
             job = elastic_views.find_job(self.model, namespace, name)
-            return elastic_views.job_view(self.model, job) if job is not None else None
+            if job is None:
+                return None
+            view = elastic_views.job_view(self.model, job)
+            view["goodput"] = goodput_views.job_view(
+                self.goodput, namespace, name, self.clock(), drawn=False
+            )
+            return view
+
+    # the goodput ledger (issue 29)
+    def restore_goodput(self) -> int:
+        """Rebuild the ledger from the history store (before the informers' first lists);
+        what it restores happened before this process watched: not counted live. Returns the
+        documents that could not be read; StoreUnavailable when the store is away."""
+        if self.history is None:
+            return 0
+        documents = self.history.goodput_documents()
+        with self.lock:
+            bad = self.goodput.restore(*documents)
+            self.live_interruptions.exclude(self.goodput.interruptions())
+        return bad
+
+    def repeat_offender(self, node: str, now: float) -> str:
+        """Why `node` is a repeat offender ("" when it is not): what the remediation ladder
+        asks before it resets or reboots a node (`RemediationController.repeat_offender`),
+        from its own thread, so under the lock."""
+        with self.lock:
+            found = [o for o in self.goodput.repeat_offenders(now) if o.node == node]
+            window = self.goodput.reliability_book.repeat_window_s
+        if not found:
+            return ""
+        parts = f" ({', '.join(found[0].components)})" if found[0].components else ""
+        return (
+            f"repeat offender: {found[0].incidents} hardware incidents{parts} "
+            f"in {window / 86_400:g} days"
+        )
+
+    def tick_goodput(self) -> None:
+        """Settle the attributions that are due with no event to do it (on a timer)."""
+        with self.lock:
+            self.goodput.tick(self.clock())
+
+    def interruptions(
+        self,
+        namespace: str | None = None,
+        job: str | None = None,
+        cause: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = goodput_views.DEFAULT_LIMIT,
+    ) -> list[dict[str, Any]]:
+        with self.lock:
+            return goodput_views.interruptions_view(
+                self.goodput, self.clock(), namespace, job, cause, since, until, limit
+            )
+
+    def goodput_groups(self, group: str) -> dict[str, Any]:
+        with self.lock:
+            now = self.clock()
+            view = goodput_views.goodput_view(self.goodput, group, now)
+            view["gpu_seconds"] = goodput_views.gpu_seconds_view(self.goodput, now)
+            return view
+
+    def goodput_job(self, namespace: str, job: str, drawn: bool = True) -> dict[str, Any] | None:
+        """The job's goodput and interruptions; with its timeline when `drawn`."""
+        with self.lock:
+            return goodput_views.job_view(self.goodput, namespace, job, self.clock(), drawn)
+
+    def stored_goodput_job(self, namespace: str, job: str) -> dict[str, Any] | None:
+        """A job the ledger in memory no longer holds, from the history store (None: not
+        there, or no store); StoreUnavailable while the store is away."""
+        if self.history is None:
+            return None
+        store = self.history.store
+        jobs = store.goodput(GoodputQuery("job", namespace=namespace, job=job, limit=10))
+        if not jobs.items:
+            return None
+        entries = store.goodput(
+            GoodputQuery("interruption", namespace=namespace, job=job, limit=1000)
+        )
+        return goodput_views.stored_job_view(jobs.items[0], entries.items)
+
+    def reliability(self) -> dict[str, Any]:
+        with self.lock:
+            return goodput_views.reliability_view(self.goodput, self.clock())
 
     def elastic_jobs(self, namespace: str | None) -> list[dict[str, Any]]:
         with self.lock:
@@ -297,6 +404,15 @@ class ClusterService:
 
     def ui_preemptions(self) -> str:
         return ui.preemptions_page(self.preemptions(0.0))
+
+    def ui_goodput(self) -> str:
+        with self.lock:
+            view = goodput_views.fleet_view(self.goodput, self.clock())
+        return ui.goodput_page(view)
+
+    def ui_goodput_job(self, namespace: str, job: str) -> str | None:
+        view = self.goodput_job(namespace, job)
+        return ui.goodput_job_page(view) if view is not None else None
 
     def sample_quota(self) -> None:
         """One step of the quota history, and fresh advice cached for the API and /metrics.
@@ -417,6 +533,7 @@ def build_app(service: ClusterService) -> web.Application:
     app.router.add_get("/api/v1/workloads", workloads)
     app.router.add_get("/api/v1/workloads/{namespace}/{name}", workload)
     add_history_routes(app, service, off_loop)
+    add_goodput_routes(app, service, off_loop)
     app.router.add_get("/api/v1/topology", topology)
     app.router.add_get("/api/v1/efa/remote-errors", efa_remote_errors)
     app.router.add_get("/api/v1/quota/recommendations", quota)
@@ -425,6 +542,90 @@ def build_app(service: ClusterService) -> web.Application:
     app.router.add_get("/api/v1/elastic/idle", idle_gpus)
     add_remediation_routes(app, service)
     return app
+
+
+def add_goodput_routes(
+    app: web.Application,
+    service: ClusterService,
+    off_loop: Callable[..., Awaitable[Any]],
+) -> None:
+    """The goodput ledger (issue 29):
+
+        GET /api/v1/interruptions?namespace=&job=&cause=&since=&until=&limit=1000
+        GET /api/v1/goodput?group=team|cluster_queue|namespace|flavor
+        GET /api/v1/goodput/{namespace}/{job}?timeline=1
+        GET /api/v1/reliability
+
+    Interruptions come newest first from the ledger in memory (which a restart rebuilds from
+    the history store); a job the ledger has let go of comes from the store
+    (`X-Topowatch-Source: history`). A query parameter that cannot be read is a 400 that says
+    what was expected."""
+
+    def text(request: web.Request, name: str) -> str | None:
+        return request.query.get(name) or None
+
+    async def interruptions(request: web.Request) -> web.Response:
+        now = service.clock()
+        try:
+            since, until = text(request, "since"), text(request, "until")
+            limit_text = request.query.get("limit", str(goodput_views.DEFAULT_LIMIT))
+            try:
+                limit = int(limit_text)
+            except ValueError:
+                raise ValueError(f"limit={limit_text!r}: expected a whole number") from None
+            found = await off_loop(
+                service.interruptions,
+                text(request, "namespace"),
+                text(request, "job"),
+                text(request, "cause"),
+                parse_since(since, now) if since else None,
+                _until(until, now) if until else None,
+                limit,
+            )
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return web.json_response(found, headers={"X-Topowatch-Source": "live"})
+
+    async def goodput(request: web.Request) -> web.Response:
+        try:
+            view = await off_loop(service.goodput_groups, request.query.get("group", "team"))
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return web.json_response(view)
+
+    async def goodput_job(request: web.Request) -> web.Response:
+        ns, job = request.match_info["namespace"], request.match_info["job"]
+        drawn = request.query.get("timeline", "1")
+        if drawn not in ("0", "1", "true", "false"):
+            return _error(400, f"timeline={drawn!r}: expected 1 or 0 (true or false)")
+        view = await off_loop(service.goodput_job, ns, job, drawn in ("1", "true"))
+        if view is not None:
+            return web.json_response(view, headers={"X-Topowatch-Source": "live"})
+        try:
+            view = await off_loop(service.stored_goodput_job, ns, job)
+        except StoreUnavailable as exc:
+            return _error(503, f"job {ns}/{job} is not live; history unavailable: {exc}")
+        if view is None:
+            return _error(404, f"job {ns}/{job} not in the goodput ledger")
+        return web.json_response(view, headers={"X-Topowatch-Source": "history"})
+
+    async def reliability(_: web.Request) -> web.Response:
+        return web.json_response(await off_loop(service.reliability))
+
+    app.router.add_get("/api/v1/interruptions", interruptions)
+    app.router.add_get("/api/v1/goodput", goodput)
+    app.router.add_get("/api/v1/goodput/{namespace}/{job}", goodput_job)
+    app.router.add_get("/api/v1/reliability", reliability)
+
+
+def _until(value: str, now: float) -> float:
+    """`until` as `since` reads it (Unix seconds, RFC 3339, a duration back from now)."""
+    try:
+        return parse_since(value, now)
+    except ValueError:
+        raise ValueError(
+            f"until={value!r}: expected Unix seconds, RFC 3339, or a duration like 15m"
+        ) from None
 
 
 def add_ui_routes(
@@ -460,11 +661,23 @@ def add_ui_routes(
             return html(ui.not_found_page(f"elastic job {ns}/{name}"), status=404)
         return html(page)
 
+    async def goodput(_: web.Request) -> web.Response:
+        return html(await off_loop(service.ui_goodput))
+
+    async def goodput_job(request: web.Request) -> web.Response:
+        ns, name = request.match_info["namespace"], request.match_info["job"]
+        page = await off_loop(service.ui_goodput_job, ns, name)
+        if page is None:
+            return html(ui.not_found_page(f"job {ns}/{name} (goodput ledger)"), status=404)
+        return html(page)
+
     app.router.add_get("/ui", index)
     app.router.add_get("/ui/jobs/{namespace}/{name}", job)
     app.router.add_get("/ui/topology", topology)
     app.router.add_get("/ui/workloads/{namespace}/{name}", workload)
     app.router.add_get("/ui/preemptions", preemptions)
+    app.router.add_get("/ui/goodput", goodput)
+    app.router.add_get("/ui/goodput/{namespace}/{job}", goodput_job)
 
 
 def add_remediation_routes(app: web.Application, service: ClusterService) -> None:

@@ -29,10 +29,12 @@ Kueue counts there only PodsReady-timeout and admission-check requeues).
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import uuid
 
+from exporter.core.findings import FINDINGS_ANNOTATION, format_time
 from exporter.sim import fidelity as fid
 from exporter.sim import hyperpod_layout as layout
 from exporter.sim.elastic import HYPERPOD_KIND, ElasticOperator, HyperPodSpec
@@ -62,6 +64,7 @@ from exporter.sim.kueue.scheduler import (
     decide,
 )
 from exporter.sim.kueue.scheduler import Decision as KueueDecision
+from exporter.sim.node_faults import PROACTIVE, FaultDraw, FaultKind, FaultRates, GroundTruth
 
 __all__ = [
     "ClusterShape",
@@ -98,13 +101,16 @@ class SimulatedCluster:
         start: float = DEFAULT_START,
         elastic: bool | None = None,
         fidelity: Fidelity | None = None,
+        faults: FaultRates | None = None,
     ) -> None:
         """`elastic`: run elastic training jobs (exporter.sim.elastic): the shape's bootstrap
         elastic jobs and elastic arrivals. None (the default) turns them on for a living
         cluster (random arrivals or initial workloads) and off for a fully scripted one, whose
         tests expect an empty cluster; True or False decides outright. `fidelity`: the oracle's
         richer cluster (every resource, tainted pools, mixed flavors, several pod sets, a
-        cohort tree); None keeps the demo's GPU-only one."""
+        cohort tree); None keeps the demo's GPU-only one. `faults`: nodes fail at these rates
+        and HyperPod recovers them and auto-resumes the jobs they stopped
+        (exporter/sim/node_faults.py); `truth` then records what really happened."""
         if elastic is None:
             elastic = shape.arrivals_per_minute > 0 or shape.initial_workloads > 0
         self._shape = shape
@@ -150,6 +156,21 @@ class SimulatedCluster:
         self._hp_base: dict[tuple[str, str], str] = {}  # (namespace, job) -> base Workload
         self._seen: set[str] = set()  # Workload keys written at least once
         self._ticked = -math.inf  # the operator's last pass
+        # Node faults (exporter/sim/node_faults.py): the draw, the ground truth, each node's
+        # findings annotation and NotReady state, HyperPod's pending actions, the jobs waiting
+        # to be restarted (workload key -> not before) and those whose pods are starting.
+        self._fault_draw = FaultDraw(faults, seed) if faults is not None else None
+        self.truth: GroundTruth | None = GroundTruth() if faults is not None else None
+        self._findings: dict[str, list[dict[str, object]]] = {}
+        self._reports: dict[str, list[dict[str, object]]] = {}  # findings not yet written
+        self._garbled: set[str] = set()  # nodes whose annotation was last written garbled
+        self._down: set[str] = set()
+        self._repairing: set[str] = set()
+        self._actions: list[tuple[float, int, str, str, FaultKind]] = []
+        self._action_seq = 0
+        self._restarts: dict[str, float] = {}
+        self._starting: dict[str, float] = {}
+        self._faults_at = start
 
     # --- public API -------------------------------------------------------------------------
 
@@ -221,8 +242,13 @@ class SimulatedCluster:
         admitted = [w for w in self._workloads.values() if w.phase == "admitted"]
         for w in sorted(admitted, key=lambda w: (w.finish_at or 0.0, w.key)):
             if w.finish_at is not None and w.finish_at <= now:
-                self._clock = w.finish_at
+                # With node faults on, a job ends at the step that passes its end, so the time
+                # every watcher sees its pods go is the time it ended (the ground truth's).
+                self._clock = now if self._fault_draw is not None else w.finish_at
                 self._finish(w)
+        if self._fault_draw is not None:
+            self._now = self._clock = now
+            self._node_faults(now)
         for job in self._arrivals.until(now):
             self._submit_random(job)
         self._now = self._clock = now
@@ -546,6 +572,9 @@ class SimulatedCluster:
                 for node, count in ps.placement:
                     for _ in range(count):
                         self._start_pod(w, node, ps.name)
+            if self.truth is not None:  # a plain Job's pods run at once
+                self.truth.admitted(_job_key(w), now)
+                self.truth.started(_job_key(w), now)
         self._write_workload(w)
         self._out.event(w, "QuotaReserved", ks.quota_reserved_note(cq, waited), now)
         self._out.event(w, "Admitted", ks.admitted_note(cq), now)
@@ -566,6 +595,10 @@ class SimulatedCluster:
         )
         if victim.elastic:
             self._scale_preempted(victim)
+        if self.truth is not None and not victim.elastic:
+            self.truth.stopped(_job_key(victim), victim.name, now, "preempted")
+            self._restarts.pop(victim.key, None)
+            self._starting.pop(victim.key, None)
         # The Job controller suspends the Job and its pods go; Kueue then releases the quota.
         self._release(victim)
         ks.mark_requeued(victim, message, now)
@@ -580,6 +613,8 @@ class SimulatedCluster:
             self._scale_diff(before, "evict")
 
     def _finish(self, w: ko.SimWorkload) -> None:
+        if self.truth is not None and not w.elastic:
+            self.truth.stopped(_job_key(w), w.name, self._clock, "completed")
         self._release(w)
         ks.mark_finished(w, self._clock)
         w.phase, w.finished_at, w.finish_at = "finished", self._clock, None
@@ -853,7 +888,9 @@ class SimulatedCluster:
             any_flavor,
         )
 
-    def _start_pod(self, w: ko.SimWorkload, node: str, pod_set: str = ko.POD_SET) -> None:
+    def _start_pod(
+        self, w: ko.SimWorkload, node: str, pod_set: str = ko.POD_SET, ready: bool = True
+    ) -> None:
         owners = self._gpu_owner[node]
         gpus_needed = w.pod_set(pod_set).requests.get(GPU, 0)
         gpus = tuple([i for i, owner in enumerate(owners) if owner is None][:gpus_needed])
@@ -865,6 +902,8 @@ class SimulatedCluster:
             owners[gpu] = (w.namespace, pod.name, ko.CONTAINER)
         w.sim_pods.append(pod)
         manifest = ko.pod_manifest(w, pod, layout.INSTANCE_TYPE, self._node_index[node])
+        if not ready:
+            _not_ready(manifest)
         self._out.put("pods", manifest)
 
     def _collect_garbage(self) -> None:
@@ -875,6 +914,8 @@ class SimulatedCluster:
                 w.phase == "pending" and not w.scripted and now - w.created >= ABANDON_AFTER_S
             )
             if done or abandoned:
+                if self.truth is not None and not w.elastic:
+                    self.truth.ended(_job_key(w), now)
                 self._out.drop("workloads", w.namespace, w.name)
                 del self._workloads[key]
                 self._cache.pop(key, None)
@@ -904,6 +945,20 @@ class SimulatedCluster:
         manifest = ko.node_manifest(
             node.name, labels, node.gpus, uid, self._start, health, index, taints
         )
+        if node.name in self._findings or node.name in self._garbled:  # the agent's annotation
+            text = json.dumps(self._findings.get(node.name, []), separators=(",", ":"))
+            if node.name in self._garbled:
+                text = text[: len(text) // 2] + "\u0000{"
+            manifest["metadata"]["annotations"] = {FINDINGS_ANNOTATION: text}
+        if node.name in self._down:
+            for cond in manifest["status"]["conditions"]:
+                if cond["type"] == "Ready":
+                    cond.update(
+                        status="Unknown",
+                        reason="NodeStatusUnknown",
+                        message="Kubelet stopped posting node status.",
+                        lastTransitionTime=ko.rfc3339(self._clock),
+                    )
         self._out.put("nodes", manifest)
 
     def _write_queues(self) -> None:
@@ -933,6 +988,176 @@ class SimulatedCluster:
                 "localqueues",
                 ko.local_queue_manifest(lq, ns, cq, usage, counts, lq_uid, self._start),
             )
+
+    # --- node faults (exporter/sim/node_faults.py) ----------------------------------------------
+
+    def inject_node_fault(self, node: str, kind: str) -> None:
+        """A fault of kind `kind` (a `FaultKind` name of the mix, or "proactive_reboot") on
+        `node` now, as if drawn: the jobs on it stop, HyperPod repairs it, the operator
+        resumes them. Raises ValueError without faults on, for an unknown node or kind."""
+        if self._fault_draw is None or self.truth is None:
+            raise ValueError("node faults are off: build the cluster with faults=FaultRates()")
+        if node not in self._node_index:
+            raise ValueError(f"no node named {node!r}")
+        kinds = {k.name: k for k in (*self._fault_draw.rates.mix, PROACTIVE)}
+        if kind not in kinds:
+            raise ValueError(f"unknown fault {kind!r}; known: {', '.join(sorted(kinds))}")
+        self.bootstrap()
+        self._clock = self._now
+        self._fault(node, kinds[kind], self._now)
+
+    def _node_faults(self, now: float) -> None:
+        """HyperPod's actions that are due, then new faults, then the operator restarting
+        the jobs faults stopped, then their pods turning Ready."""
+        draw = self._fault_draw
+        assert draw is not None and self.truth is not None
+        dt, self._faults_at = now - self._faults_at, now
+        self._actions.sort()
+        while self._actions and self._actions[0][0] <= now:
+            _, _, what, node, kind = self._actions.pop(0)
+            self._node_action(what, node, kind, now)
+        healthy = [n.name for n in self._nodes if n.name not in self._repairing]
+        for node, kind in draw.faults(healthy, dt):
+            self._fault(node, kind, now)
+        for key, not_before in sorted(self._restarts.items()):
+            w = self._workloads.get(key)
+            holding = self._state.holdings.get(key)
+            if w is None or w.phase != "admitted" or holding is None:
+                del self._restarts[key]
+                continue
+            sets = holding.sets()
+            nodes = {node for ps in sets for node, _ in ps.placement}
+            if now < not_before or nodes & (self._repairing | self._down):
+                continue
+            del self._restarts[key]
+            for ps in sets:
+                for node, count in ps.placement:
+                    for _ in range(count):
+                        self._start_pod(w, node, ps.name, ready=False)
+            self._starting[key] = now + draw.between(draw.rates.startup_s)
+        for key, ready_at in sorted(self._starting.items()):
+            w = self._workloads.get(key)
+            if w is None or w.phase != "admitted":
+                del self._starting[key]
+                continue
+            if now < ready_at:
+                continue
+            del self._starting[key]
+            for pod in w.sim_pods:
+                manifest = ko.pod_manifest(w, pod, layout.INSTANCE_TYPE, self._node_index[pod.node])
+                _ready(manifest, now)
+                self._out.put("pods", manifest)
+            w.started, w.finish_at = now, now + w.remaining
+            self.truth.started(_job_key(w), now)
+
+    def _fault(self, node: str, kind: FaultKind, now: float) -> None:
+        draw = self._fault_draw
+        assert draw is not None and self.truth is not None
+        self.truth.faults.append((now, node, kind.name))
+        if kind.check:
+            if kind.where == "gpu":
+                gpus = self._nodes[self._node_index[node]].gpus
+                component = f"gpu{draw.rng.randrange(gpus)}"
+            elif kind.where == "efa":
+                component = f"rdmap{draw.rng.randrange(16, 200)}s27:1"
+            else:
+                component = "node"
+            # The agent's clock may be a little off the API server's, and it writes the
+            # annotation at its next report: the finding can arrive after the pods' end.
+            stamp = format_time(now + draw.between(draw.rates.agent_skew_s))
+            self._reports.setdefault(node, []).append(
+                {
+                    "check": kind.check,
+                    "component": component,
+                    "severity": kind.severity,
+                    "action": kind.action,
+                    "evidence": kind.evidence,
+                    "firstSeen": stamp,
+                    "lastSeen": stamp,
+                    "actionable": True,
+                }
+            )
+            self._plan(now + draw.between(draw.rates.report_delay_s), "report", node, kind)
+        if kind.node_down:
+            self._down.add(node)
+        if kind.repair and kind is not PROACTIVE:
+            self._repairing.add(node)
+            self._state.cordon(node, True)  # no new pods on a broken node
+        self._write_node(self._nodes[self._node_index[node]])
+        if kind is PROACTIVE:  # nothing stops yet: HyperPod reboots the node a while later
+            self._plan(now + draw.between(draw.rates.remediation_after_s), "remediate", node, kind)
+            return
+        self._stop_jobs_on(node, now, "node_fault", kind)
+        if kind.repair:
+            label = now + draw.between(draw.rates.detect_to_action_s)
+            self._plan(label, "label", node, kind)
+            self._plan(label + draw.between(kind.repair_s), "back", node, kind)
+        else:
+            self._plan(now + 600.0, "clear", node, kind)  # the agent's finding ages out
+
+    def _node_action(self, what: str, node: str, kind: FaultKind, now: float) -> None:
+        draw = self._fault_draw
+        assert draw is not None
+        sim_node = self._nodes[self._node_index[node]]
+        if what == "label":
+            health = (
+                "UnschedulablePendingReplacement"
+                if kind.repair == "replace"
+                else ("UnschedulablePendingReboot")
+            )
+            self.cordon(node, health)
+        elif what == "remediate":
+            if node in self._repairing:
+                return  # a fault got there first: its repair clears the warning too
+            self._repairing.add(node)
+            self.cordon(node, "UnschedulablePendingReboot")
+            self._stop_jobs_on(node, now, "remediation", kind)
+            self._plan(now + draw.between(kind.repair_s), "back", node, kind)
+        elif what == "report":
+            waiting = self._reports.pop(node, [])
+            if waiting and draw.rng.random() < draw.rates.garbled_report_p:
+                self._garbled.add(node)  # this write is garbage; the next one is right
+                self._reports[node] = waiting
+                self._plan(now + draw.between(draw.rates.report_delay_s), "report", node, kind)
+            else:
+                self._garbled.discard(node)
+                self._findings.setdefault(node, []).extend(waiting)
+            self._write_node(sim_node)
+        elif what == "back":
+            self._findings[node] = []
+            self._down.discard(node)
+            self._repairing.discard(node)
+            self.cordon(node, "Schedulable")
+        elif what == "clear":
+            found = self._findings.get(node, [])
+            self._findings[node] = [f for f in found if f["check"] != kind.check]
+            self._write_node(sim_node)
+
+    def _plan(self, when: float, what: str, node: str, kind: FaultKind) -> None:
+        self._action_seq += 1
+        self._actions.append((when, self._action_seq, what, node, kind))
+
+    def _stop_jobs_on(self, node: str, now: float, cause: str, kind: FaultKind) -> None:
+        """Every plain Job with a pod on `node` stops; the operator will restart it."""
+        draw = self._fault_draw
+        assert draw is not None and self.truth is not None
+        hit = [
+            w
+            for w in self._workloads.values()
+            if w.phase == "admitted" and not w.elastic and any(p.node == node for p in w.sim_pods)
+        ]
+        for w in sorted(hit, key=lambda w: w.key):
+            self.truth.stopped(_job_key(w), w.name, now, cause, kind.component, node, kind.name)
+            if w.started is not None:
+                w.remaining = max(MIN_RUN_S, w.remaining - (now - w.started))
+            w.started = w.finish_at = None
+            for pod in w.sim_pods:
+                for gpu in pod.gpu_indices:
+                    self._gpu_owner[pod.node][gpu] = None
+                self._out.drop("pods", w.namespace, pod.name)
+            w.sim_pods = []
+            self._starting.pop(w.key, None)
+            self._restarts[w.key] = now + draw.between(draw.rates.restart_delay_s)
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -1005,3 +1230,34 @@ def _merge(
     for node, count in (*first, *second):
         merged[node] = merged.get(node, 0) + count
     return tuple(merged.items())
+
+
+def _job_key(w: ko.SimWorkload) -> tuple[str, str, str]:
+    """The job a Workload belongs to, as the goodput ledger keys it (its owner)."""
+    return (w.namespace, w.owner_kind, w.job)
+
+
+def _not_ready(manifest: dict[str, object]) -> None:
+    """A pod bound and starting: Pending, its containers not Ready yet."""
+    status = manifest["status"]
+    assert isinstance(status, dict)
+    status["phase"] = "Pending"
+    for cond in status["conditions"]:
+        if cond["type"] in ("ContainersReady", "Ready"):
+            cond.update(status="False", reason="ContainersNotReady")
+    for container in status["containerStatuses"]:
+        container.update(
+            ready=False, started=False, state={"waiting": {"reason": "ContainerCreating"}}
+        )
+
+
+def _ready(manifest: dict[str, object], now: float) -> None:
+    """The pod's containers started and Ready since `now`."""
+    status = manifest["status"]
+    assert isinstance(status, dict)
+    since = ko.rfc3339(now)
+    for cond in status["conditions"]:
+        if cond["type"] in ("ContainersReady", "Ready"):
+            cond["lastTransitionTime"] = since
+    for container in status["containerStatuses"]:
+        container["state"] = {"running": {"startedAt": since}}

@@ -90,6 +90,11 @@ def run_demo(
         print(f"  cluster metrics:  {base}/metrics", file=out)
         print(f"  API:              {base}/api/v1/topology  {base}/api/v1/preemptions", file=out)
         print(f"  topology view:    {base}/ui/topology  {base}/ui/preemptions", file=out)
+        print(
+            f"  goodput:          {base}/ui/goodput  {base}/api/v1/goodput"
+            f"  {base}/api/v1/interruptions",
+            file=out,
+        )
         mode = "act (HyperPod labels)" if remediate else "observe (--remediate to act)"
         print(f"  remediation:      {mode}, {base}/api/v1/remediation", file=out)
         if fleet is not None and fleet.agents:

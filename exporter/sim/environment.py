@@ -23,6 +23,7 @@ from exporter.sim.faults import Fault
 from exporter.sim.hardware.node import SimulatedNode
 from exporter.sim.hardware.profiles import get_profile
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
+from exporter.sim.node_faults import FaultRates
 from exporter.sources.kubeapi import KubeApi
 from healthcheck.detection.config import HealthConfig
 from healthcheck.detection.monitor import HealthMonitor
@@ -71,11 +72,14 @@ class SimulatedEnvironment:
         tick: float = 1.0,
         shape: ClusterShape | None = None,
         clock: Callable[[], float] = time.time,
+        faults: FaultRates | None = None,
     ) -> None:
+        """`faults`: nodes fail at these rates (Meta's mix, scaled), HyperPod repairs them and
+        auto-resumes the jobs (exporter/sim/node_faults.py); `cluster.truth` records it."""
         self.store = ObjectStore()
         self.clock = clock
         self.cluster = SimulatedCluster(
-            self.store, shape or default_shape(), seed=seed, start=clock()
+            self.store, shape or default_shape(), seed=seed, start=clock(), faults=faults
         )
         self.server = FakeApiServer(self.store)
         self.tick = tick

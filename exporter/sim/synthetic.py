@@ -41,7 +41,11 @@ def node(
     unschedulable: bool = False,
     health: str = "Schedulable",
     rv: str = "1",
+    findings: str | None = None,
+    ready: bool = True,
 ) -> dict[str, Any]:
+    """A Node; `findings` is its node agent's `topowatch.io/findings` annotation (as written,
+    garbage included), `ready` its Ready condition."""
     labels = {
         "kubernetes.io/hostname": name,
         "node.kubernetes.io/instance-type": instance_type,
@@ -53,20 +57,23 @@ def node(
         labels[LAYER_KEY.format(i)] = layer
     if ultraserver:
         labels[ULTRASERVER_KEY] = ultraserver
+    metadata: dict[str, Any] = {
+        "name": name,
+        "uid": uid_for("node", name),
+        "labels": labels,
+        "resourceVersion": rv,
+    }
+    if findings is not None:
+        metadata["annotations"] = {"topowatch.io/findings": findings}
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {
-            "name": name,
-            "uid": uid_for("node", name),
-            "labels": labels,
-            "resourceVersion": rv,
-        },
+        "metadata": metadata,
         "spec": {"unschedulable": True} if unschedulable else {},
         "status": {
             "allocatable": {GPU: str(gpus), "cpu": "192", "memory": "2000Gi"},
             "capacity": {GPU: str(gpus)},
-            "conditions": [{"type": "Ready", "status": "True"}],
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         },
     }
 
@@ -81,7 +88,9 @@ def pod(
     workload: str = "",
     phase: str = "Running",
     rv: str = "1",
+    ready_at: float | None = None,
 ) -> dict[str, Any]:
+    """A Pod of a batch Job; `ready_at`: Ready since then (None: not Ready)."""
     meta: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
@@ -113,7 +122,14 @@ def pod(
                 }
             ],
         },
-        "status": {"phase": phase},
+        "status": {"phase": phase}
+        if ready_at is None
+        else {
+            "phase": phase,
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": rfc3339(ready_at)}
+            ],
+        },
     }
 
 

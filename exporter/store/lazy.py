@@ -23,6 +23,7 @@ from typing import Any
 from exporter.store.migrations import SchemaTooNew
 from exporter.store.records import (
     AuditQuery,
+    GoodputQuery,
     Page,
     PreemptionQuery,
     Row,
@@ -71,6 +72,14 @@ class LazyStore:
     def workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._ensure()
         return self._store.workload(namespace, name)
+
+    def goodput(self, q: GoodputQuery) -> Page:
+        self._ensure()
+        return self._store.goodput(q)
+
+    def goodput_all(self, kind: str, since: float = 0.0) -> list[dict[str, Any]]:
+        self._ensure()
+        return self._store.goodput_all(kind, since)
 
     def prune(self, now: float, max_age_s: float, max_rows: int) -> int:
         self._ensure(force=True)

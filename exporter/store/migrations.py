@@ -135,6 +135,23 @@ MIGRATIONS: tuple[Migration, ...] = (
         # copies of one preemption written under different keys (records.merge_preemption).
         ("CREATE INDEX preemptions_victim ON preemptions (victim_name, victim_namespace, time)",),
     ),
+    Migration(
+        3,
+        "goodput: interruptions, job phase totals, hardware findings, GPU-second totals",
+        (
+            """CREATE TABLE goodput (
+                id {id},
+                key TEXT NOT NULL UNIQUE,
+                kind TEXT NOT NULL,
+                time {float} NOT NULL,
+                namespace TEXT NOT NULL,
+                job TEXT NOT NULL,
+                document TEXT NOT NULL
+            )""",
+            "CREATE INDEX goodput_kind ON goodput (kind, time DESC, id DESC)",
+            "CREATE INDEX goodput_job ON goodput (kind, namespace, job, time DESC, id DESC)",
+        ),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

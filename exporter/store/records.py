@@ -94,7 +94,22 @@ class ScaleEventRow:
     document: dict[str, Any]
 
 
-Row = PreemptionRow | WorkloadRow | AuditRow | ScaleEventRow
+@dataclass(frozen=True)
+class GoodputRow:
+    """One record of the goodput ledger (exporter.cluster.goodput): an interruption, a job's
+    phase totals, a hardware finding, or the GPU-second ledger's totals (`kind`), upserted by
+    `key` (which starts with the kind, so kinds never collide). `namespace` and `job` are ""
+    for records of no job."""
+
+    key: str
+    kind: str  # interruption | job | finding | ledger
+    time: float
+    namespace: str
+    job: str
+    document: dict[str, Any]
+
+
+Row = PreemptionRow | WorkloadRow | AuditRow | ScaleEventRow | GoodputRow
 
 
 def same_preemption(a: PreemptionRow, b: PreemptionRow) -> bool:
@@ -164,6 +179,22 @@ class AuditQuery:
 
     since: float
     node: str | None = None
+    limit: int = DEFAULT_LIMIT
+    cursor: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_limit(self.limit)
+
+
+@dataclass(frozen=True)
+class GoodputQuery:
+    """Goodput records of one kind at `since` <= time, newest first, optionally of one
+    namespace (and job)."""
+
+    kind: str
+    since: float = 0.0
+    namespace: str | None = None
+    job: str | None = None
     limit: int = DEFAULT_LIMIT
     cursor: str | None = None
 

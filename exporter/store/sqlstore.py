@@ -41,6 +41,8 @@ from exporter.store import migrations
 from exporter.store.records import (
     AuditQuery,
     AuditRow,
+    GoodputQuery,
+    GoodputRow,
     Page,
     PreemptionQuery,
     PreemptionRow,
@@ -100,6 +102,7 @@ _TABLES = (
     _Table("workloads", WorkloadRow, "uid", "finished_at"),
     _Table("audit", AuditRow, "digest", "time"),
     _Table("scale_events", ScaleEventRow, "key", "time"),
+    _Table("goodput", GoodputRow, "key", "time"),
 )
 _TABLE_OF: dict[type, _Table] = {t.row_type: t for t in _TABLES}
 
@@ -270,6 +273,23 @@ class SqlStore:
     def audit(self, q: AuditQuery) -> Page:
         return self._page(q)
 
+    def goodput(self, q: GoodputQuery) -> Page:
+        """One page of goodput records (exporter.cluster.goodput), newest first."""
+        return self._page(q)
+
+    def goodput_all(self, kind: str, since: float = 0.0) -> list[dict[str, Any]]:
+        """Every goodput record of `kind` at time >= `since`, oldest first: what a restarted
+        service rebuilds its ledger from (`GoodputBook.restore`)."""
+        sql = self._param(
+            "SELECT document FROM goodput WHERE kind = ? AND time >= ? ORDER BY time, id"
+        )
+
+        def work(cur: Any) -> list[dict[str, Any]]:
+            cur.execute(sql, (kind, since))
+            return [dict(json.loads(found[0])) for found in cur.fetchall()]
+
+        return self._run(work)
+
     def workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The explain document of the newest-finished workload of that name, or None."""
         sql = self._param(
@@ -391,7 +411,7 @@ class SqlStore:
         if inserts:
             cur.executemany(self._param(_UPSERT[PreemptionRow]), inserts)
 
-    def _page(self, q: PreemptionQuery | AuditQuery) -> Page:
+    def _page(self, q: PreemptionQuery | AuditQuery | GoodputQuery) -> Page:
         sql, args = page_sql(q)
 
         def work(cur: Any) -> list[Any]:
@@ -454,7 +474,7 @@ def victims_sql(names: int) -> str:
     return f"SELECT id, {columns} FROM preemptions WHERE victim_name IN ({placeholders})"
 
 
-def page_sql(q: PreemptionQuery | AuditQuery) -> tuple[str, list[Any]]:
+def page_sql(q: PreemptionQuery | AuditQuery | GoodputQuery) -> tuple[str, list[Any]]:
     """The query (qmark placeholders) and parameters of one page of `q`: (id, time, document)
     rows newest first after the cursor, one more than the page so the store knows whether
     another follows. ValueError for a malformed cursor."""
@@ -471,6 +491,12 @@ def page_sql(q: PreemptionQuery | AuditQuery) -> tuple[str, list[Any]]:
                 params.append(value)
         if q.queue is not None:
             either = [("victim_cluster_queue", q.queue), ("preemptor_cluster_queue", q.queue)]
+    elif isinstance(q, GoodputQuery):
+        table = "goodput"
+        for column, value in (("kind", q.kind), ("namespace", q.namespace), ("job", q.job)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
     else:
         table = "audit"
         if q.node is not None:

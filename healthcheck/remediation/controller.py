@@ -84,6 +84,7 @@ from healthcheck.remediation.policy import (
     Rung,
     climb,
     decide,
+    escalate_repeat_offender,
     live_marks,
     mark_ladder,
     read_deep_check,
@@ -310,6 +311,10 @@ class RemediationController:
         self.recheck_s = recheck_s
         self._inbox: queue.SimpleQueue[tuple[str, Any, float]] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards everything below against status()/families()
+        # Asked of each node with findings: (node, now) -> why it is a repeat offender ("" when
+        # it is not). The cluster service sets it from its goodput ledger (issue 29); None: no
+        # node is (the ladder climbs as usual).
+        self.repeat_offender: Callable[[str, float], str] | None = None
         self._views: dict[str, _NodeView] = {}
         self._states: dict[str, RemediationState] = {}
         self._bad_state: dict[str, str] = {}
@@ -688,6 +693,7 @@ class RemediationController:
             if state is not None and state.deep_check_waiting():
                 state = self._read_deep_check(name, state, view.report.deep_health, now, records)
             request = view.request(self.config.ladder, state, now, self.config.active_timeout_s)
+            request = self._repeat_offender(request, now)
             self._agent_silence(view, state, request, now, records)
             before = self._requested.get(name)
             self._requested[name] = request.action
@@ -734,6 +740,25 @@ class RemediationController:
         audited += [d for d in decisions if self._audit(d, records)]
         acts = [(d, self._views[d.node]) for d in decisions if d.verdict == "act"]
         return audited, acts
+
+    def _repeat_offender(self, request: NodeRequest, now: float) -> NodeRequest:
+        """A repeat offender's reset and reboot steps become replace (policy's
+        `escalate_repeat_offender`): rebooting a node that fails again and again only spends
+        the jobs placed on it in between."""
+        if self.repeat_offender is None or not request.rungs:
+            return request
+        try:
+            why = self.repeat_offender(request.node, now)
+        except Exception:  # the ledger's answer is advice: never a reason to stop deciding
+            log.exception("repeat offender check failed for %s", request.node)
+            return request
+        if not why:
+            return request
+        rungs = escalate_repeat_offender(request.rungs, why)
+        if rungs == request.rungs:
+            return request
+        asking = [r.action for r in rungs if not r.hold]
+        return replace(request, rungs=rungs, action=strongest([*asking, request.action]))
 
     def _agent_silence(
         self,

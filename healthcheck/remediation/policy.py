@@ -484,6 +484,22 @@ def climb(
     return tuple(rungs)
 
 
+def escalate_repeat_offender(rungs: Iterable[Rung], why: str) -> tuple[Rung, ...]:
+    """A node that keeps failing is replaced rather than reset or rebooted once more: each
+    rung that asks for a reset or a reboot asks for replace, saying `why` ("repeat offender: 2
+    hardware incidents in 7 days", from the cluster service's goodput ledger, issue 29). Held
+    rungs stay held and a deep check stays (it gates a replacement already). Pure."""
+    out: list[Rung] = []
+    for rung in rungs:
+        if rung.hold or rung.action not in ("reset", "reboot"):
+            out.append(rung)
+            continue
+        out.append(
+            replace(rung, action="replace", why=f"{rung.why}; {why}", then=None, within_s=0.0)
+        )
+    return tuple(out)
+
+
 def _stale(finding: Finding, boot: Boot | None) -> str:
     """Why the finding is from before the node's last boot ("" when it is not)."""
     if boot is None or finding.first_seen >= boot.before:

@@ -119,11 +119,11 @@ def test_the_committed_json_is_what_the_generator_writes() -> None:
     assert generate_main(["--check"]) == 0
 
 
-def test_there_are_six_dashboards_each_with_a_fixed_unique_uid_tags_and_a_datasource() -> None:
+def test_there_are_seven_dashboards_each_with_a_fixed_unique_uid_tags_and_a_datasource() -> None:
     models = load()
-    assert len(models) == 6
+    assert len(models) == 7
     uids = [m["uid"] for m in models.values()]
-    assert len(set(uids)) == 6 and all(uid.startswith("topowatch-") for uid in uids)
+    assert len(set(uids)) == 7 and all(uid.startswith("topowatch-") for uid in uids)
     for name, model in models.items():
         assert "topowatch" in model["tags"], name
         variables = {v["name"]: v for v in model["templating"]["list"]}

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from exporter.cluster.elastic.scaling import ScaleEvent
 from exporter.cluster.history.rows import (
@@ -40,6 +40,7 @@ from exporter.cluster.model import ClusterModel, WorkloadState
 from exporter.core.exposition import COUNTER, GAUGE, Family
 from exporter.store.records import (
     AuditQuery,
+    GoodputQuery,
     Page,
     PreemptionQuery,
     Row,
@@ -48,6 +49,9 @@ from exporter.store.records import (
 from exporter.store.sqlstore import StoreUnavailable
 from exporter.store.writer import HistoryWriter
 from healthcheck.remediation.audit import Auditor, AuditRecord
+
+if TYPE_CHECKING:
+    from exporter.cluster.goodput import GoodputBook
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,8 @@ class HistoryStore(Protocol):
     def preemptions(self, q: PreemptionQuery) -> Page: ...
     def audit(self, q: AuditQuery) -> Page: ...
     def workload(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def goodput(self, q: GoodputQuery) -> Page: ...
+    def goodput_all(self, kind: str, since: float = 0.0) -> list[dict[str, Any]]: ...
     def prune(self, now: float, max_age_s: float, max_rows: int) -> int: ...
     def close(self) -> None: ...
 
@@ -101,6 +107,8 @@ class HistoryFeed:
         self.clock = clock
         self.leading: Callable[[], bool] = lambda: True
         self._model: ClusterModel | None = None
+        self._goodput: GoodputBook | None = None
+        self._goodput_clock: Callable[[], float] = clock
         self._dirty: set[int] = set()  # ledger entry ids
         self._ended: deque[tuple[WorkloadState, bool, float]] = deque(maxlen=MAX_ENDED)
         self._open: deque[ScaleEvent] = deque(maxlen=MAX_OPEN_EVENTS)
@@ -110,9 +118,19 @@ class HistoryFeed:
         self.pruned = 0
         self.prune_failures = 0
 
-    def attach(self, model: ClusterModel, auditor: Auditor | None = None) -> None:
-        """Listen to `model` (call before it applies anything) and to `auditor`."""
+    def attach(
+        self,
+        model: ClusterModel,
+        auditor: Auditor | None = None,
+        goodput: GoodputBook | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """Listen to `model` (call before it applies anything), to `auditor`, and write the
+        goodput ledger's changed rows (`GoodputBook.dirty_rows`, which keeps its own marks)
+        as of `clock` (the service's: the model's time)."""
         self._model = model
+        self._goodput = goodput
+        self._goodput_clock = clock or self.clock
         model.ledger.on_change = self._dirty.add
         model.on_workload_ended = self._workload_ended
         model.elastic.on_event = self._open.append
@@ -172,9 +190,25 @@ class HistoryFeed:
                     del self._seen_finish[next(iter(self._seen_finish))]
         for event in self._open:
             rows.append(scale_event_row(event))
+        if self._goodput is not None:  # interruptions, job totals, findings, the GPU-seconds
+            rows.extend(self._goodput.dirty_rows(self._goodput_clock()))
         # Written once more after it settles, then no longer followed.
         self._open = deque((e for e in self._open if not (e.done and e.cause)), MAX_OPEN_EVENTS)
         return rows, deleted
+
+    def goodput_documents(
+        self,
+    ) -> tuple[
+        list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]
+    ]:
+        """What a previous process wrote of the goodput ledger, for `GoodputBook.restore`:
+        (interruptions, jobs, findings, ledger); StoreUnavailable when the store is away."""
+        return (
+            self.store.goodput_all("interruption"),
+            self.store.goodput_all("job"),
+            self.store.goodput_all("finding"),
+            self.store.goodput_all("ledger"),
+        )
 
     def _deleted_row(self, ours: WorkloadRow) -> Row:
         try:

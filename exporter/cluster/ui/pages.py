@@ -13,7 +13,14 @@ from typing import Any
 from urllib.parse import quote
 
 from exporter.cluster.capacity.levels import flavor_levels
-from exporter.cluster.explain import explain_text, job_text
+from exporter.cluster.explain import (
+    duration_words,
+    ettr_words,
+    explain_text,
+    goodput_text,
+    interruption_lines,
+    job_text,
+)
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import Node, Pod
 from exporter.cluster.ui.svg import (
@@ -23,6 +30,7 @@ from exporter.cluster.ui.svg import (
     legend_rows,
     slot_colour,
     team_of,
+    timeline_svg,
     topology_svg,
     workload_href,
 )
@@ -33,6 +41,9 @@ __all__ = [
     "GpuSlot",
     "NodeTile",
     "TopologyPicture",
+    "goodput_href",
+    "goodput_job_page",
+    "goodput_page",
     "gpu_slots",
     "not_found_page",
     "preemptions_page",
@@ -50,6 +61,8 @@ td,th{border:1px solid #cbd5e1;padding:2px 8px;text-align:left}
 .swatch{display:inline-block;width:12px;height:12px;margin-right:4px}
 pre{background:#f1f5f9;padding:.6em;white-space:pre-wrap}
 svg text{font:12px system-ui,sans-serif} .domain-title{font-weight:600}
+.bar{display:inline-block;height:10px;background:#16a34a;vertical-align:middle}
+.bar.lost{background:#b91c1c} td.num{text-align:right}
 """
 
 
@@ -250,6 +263,15 @@ def workload_page(view: Mapping[str, Any]) -> str:
             f'<h2>{heading} <a href="{escape(job_link)}">{escape(str(elastic["name"]))}</a></h2>'
             f"<p>{escape(str(elastic['summary']))}</p>" + _scale_table(elastic["scale_events"])
         )
+    goodput = view.get("goodput")
+    if goodput:
+        body.append(
+            f"<h2>Goodput of {escape(str(goodput['kind']))} "
+            f"{_link(goodput_href(goodput['namespace'], goodput['name']), goodput['name'])}</h2>"
+            f"<p>ETTR {escape(ettr_words(goodput.get('ettr')))}, interrupted "
+            f"{int(goodput.get('interruption_count') or 0)} time(s), "
+            f"{float(goodput.get('lost_gpu_hours') or 0.0):.2f} GPU-hours lost.</p>"
+        )
     suffered = view.get("preemptions_suffered", [])
     caused = view.get("preemptions_caused", [])
     if suffered:
@@ -348,6 +370,251 @@ def _link(href: str, text: str) -> str:
     return f'<a href="{escape(href)}">{escape(text)}</a>'
 
 
+# --- goodput (issue 29) -------------------------------------------------------------------------
+
+
+def goodput_href(namespace: str, job: str) -> str:
+    return f"/ui/goodput/{quote(namespace, safe='')}/{quote(job, safe='')}"
+
+
+def goodput_job_page(job: Mapping[str, Any]) -> str:
+    """One job's goodput (views.goodput.job_view): its timeline drawn, each interruption with
+    its cause, evidence and cost, the time in each phase."""
+    key = f"{job['namespace']}/{job['name']}"
+    seconds = job.get("seconds") or {}
+    bands = job.get("timeline") or []
+    entries = job.get("interruptions") or []
+    body = [
+        f"<h1>{escape(key)}</h1>"
+        f'<p class="status">{escape(str(job["kind"]))} · team '
+        f"{escape(str(job.get('team') or '?'))} · queue "
+        f"{escape(str(job.get('cluster_queue') or '?'))} · {int(job.get('gpus') or 0)} GPUs · "
+        f"<b>{escape(str(job['phase']))}</b> · ETTR "
+        f'<b class="ettr">{escape(ettr_words(job.get("ettr")))}</b> · '
+        f"{float(job.get('lost_gpu_hours') or 0.0):.2f} GPU-hours lost"
+        ' · <a href="/ui/goodput">fleet goodput</a></p>',
+        "<h2>Timeline</h2>",
+    ]
+    if bands:
+        start = min(float(b["start"]) for b in bands)
+        end = max(float(b["end"]) for b in bands)
+        body.append(timeline_svg(bands, entries, start, end))
+    else:
+        body.append("<p>Not admitted yet: no timeline.</p>")
+    body.append(
+        '<h2>Time by phase</h2><table class="phases"><tr><th>phase</th><th>time</th>'
+        "<th>share of wall time</th></tr>"
+    )
+    wall = float(job.get("wall_s") or 0.0)
+    for phase, value in seconds.items():
+        share = f"{float(value) / wall:.1%}" if wall > 0 else "-"
+        body.append(
+            f'<tr data-phase="{escape(str(phase))}"><td>{escape(str(phase))}</td>'
+            f'<td class="num">{escape(duration_words(float(value)))}</td>'
+            f'<td class="num">{share}</td></tr>'
+        )
+    body.append("</table>")
+    body.append(f"<h2>Interruptions ({len(entries)})</h2>")
+    body.append(_interruption_table(entries) if entries else "<p>Not interrupted.</p>")
+    body.append(f'<h2>Explanation</h2><pre class="explain">{escape(goodput_text(job))}</pre>')
+    return _page(f"{key} goodput", "".join(body))
+
+
+def _interruption_table(entries: Sequence[Mapping[str, Any]]) -> str:
+    out = [
+        '<table class="interruptions"><tr><th>#</th><th>stopped</th><th>cause</th>'
+        "<th>evidence</th><th>GPUs</th><th>GPU-hours lost</th><th>recovery</th></tr>"
+    ]
+    for number, e in enumerate(entries, start=1):
+        cause = str(e.get("cause", "unknown"))
+        component = str(e.get("component") or "")
+        evidence = str(e.get("detail") or e.get("missing") or "")
+        if e.get("uncertain"):
+            evidence += f" (uncertain: {e['uncertain']})"
+        recovery = interruption_lines(e)[1:2]
+        out.append(
+            f'<tr id="interruption-{number}" class="interruption" data-cause="{escape(cause)}">'
+            f"<td>{number}</td><td>{escape(str(e.get('stopped_at') or '?'))}</td>"
+            f"<td>{escape(cause)}{escape(f' ({component})' if component else '')}</td>"
+            f'<td>{escape(evidence)}</td><td class="num">{int(e.get("gpus") or 0)}</td>'
+            f'<td class="num">{float(e.get("lost_gpu_hours") or 0.0):.2f}'
+            f"{' so far' if e.get('open') else ''}</td>"
+            f"<td>{escape(recovery[0].strip() if recovery else '')}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
+def goodput_page(fleet: Mapping[str, Any]) -> str:
+    """The fleet (views.goodput.fleet_view): ETTR by team, GPU-hours lost by cause, where the
+    GPU-seconds went, interruptions per 1,000 node-days and MTBF, repeat offenders, and the
+    jobs that lost the most."""
+    whole = fleet.get("cluster") or {}
+    body = [
+        "<h1>Goodput and reliability</h1>"
+        f'<p class="status">Cluster ETTR <b class="ettr">'
+        f"{escape(ettr_words(whole.get('ettr')))}</b> over {int(whole.get('jobs') or 0)} "
+        f"live and recent jobs · {int(whole.get('interruptions') or 0)} interruptions · "
+        f"{float(whole.get('lost_gpu_hours') or 0.0):.2f} GPU-hours lost · as of "
+        f"{escape(str(fleet.get('as_of')))}</p>",
+        '<h2>ETTR by team</h2><table class="teams"><tr><th>team</th><th>jobs</th>'
+        "<th>ETTR</th><th>running</th><th>counted wall time</th><th>interruptions</th>"
+        "<th>GPU-hours lost</th></tr>",
+    ]
+    for team in fleet.get("teams") or []:
+        ettr = team.get("ettr")
+        bar = (
+            f'<span class="bar" style="width:{max(0.0, min(1.0, float(ettr))) * 120:.0f}px">'
+            "</span> "
+            if ettr is not None
+            else ""
+        )
+        body.append(
+            f'<tr data-team="{escape(str(team["name"]))}"><td>{escape(str(team["name"]) or "-")}'
+            f'</td><td class="num">{int(team["jobs"])}</td><td>{bar}'
+            f"{escape(ettr_words(ettr))}</td>"
+            f'<td class="num">{escape(duration_words(float(team["running_s"])))}</td>'
+            f'<td class="num">{escape(duration_words(float(team["effective_wall_s"])))}</td>'
+            f'<td class="num">{int(team["interruptions"])}</td>'
+            f'<td class="num">{float(team.get("lost_gpu_hours") or 0.0):.2f}</td></tr>'
+        )
+    body.append("</table>")
+    body.append(_lost_by_cause(whole.get("lost_gpu_hours_by_cause") or {}))
+    body.append(_ledger_table(fleet.get("gpu_seconds") or {}))
+    body.append(_reliability(fleet.get("reliability") or {}))
+    body.append(_jobs_table(fleet.get("jobs") or [], int(fleet.get("jobs_total") or 0)))
+    return _page("Goodput", "".join(body))
+
+
+def _lost_by_cause(lost: Mapping[str, Any]) -> str:
+    rows = sorted(((str(c), float(v or 0.0)) for c, v in lost.items()), key=lambda r: -r[1])
+    if not rows:
+        return "<h2>GPU-hours lost by cause</h2><p>No GPU-hours lost.</p>"
+    most = max(v for _, v in rows) or 1.0
+    out = [
+        '<h2>GPU-hours lost by cause</h2><table class="lost-by-cause">'
+        "<tr><th>cause</th><th>GPU-hours</th></tr>"
+    ]
+    for cause, value in rows:
+        out.append(
+            f'<tr data-cause="{escape(cause)}"><td>{escape(cause)}</td><td>'
+            f'<span class="bar lost" style="width:{value / most * 160:.0f}px"></span> '
+            f"{value:.2f}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
+def _ledger_table(ledger: Mapping[str, Any]) -> str:
+    by_flavor: Mapping[str, Mapping[str, Any]] = ledger.get("by_flavor") or {}
+    if not by_flavor:
+        return ""
+    categories = list(dict.fromkeys(c for per in by_flavor.values() for c in per))
+    out = [
+        "<h2>Where the GPU-hours went</h2>"
+        '<table class="gpu-ledger"><tr><th>flavor</th>'
+        + "".join(f"<th>{escape(c)}</th>" for c in categories)
+        + "</tr>"
+    ]
+    for flavor, per in by_flavor.items():
+        out.append(
+            f"<tr><td>{escape(flavor or '-')}</td>"
+            + "".join(f'<td class="num">{float(per.get(c) or 0.0):.1f}</td>' for c in categories)
+            + "</tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
+_SCOPE_NAMES = {
+    "instance_type": "instance type",
+    "domain": "layer-3 network domain",
+    "ultraserver": "UltraServer",
+    "node": "node",
+}
+
+
+def _reliability(summary: Mapping[str, Any]) -> str:
+    out = [
+        f"<h2>Fleet reliability</h2><p>{float(summary.get('node_days') or 0.0):.1f} node-days "
+        "observed.</p>"
+        '<table class="by-component"><tr><th>component</th><th>interruptions</th>'
+        "<th>per 1,000 node-days</th><th>hardware incidents</th></tr>"
+    ]
+    for component, row in (summary.get("interruptions_by_component") or {}).items():
+        out.append(
+            f'<tr data-component="{escape(str(component))}"><td>{escape(str(row["name"]))}</td>'
+            f'<td class="num">{int(row["interruptions"])}</td>'
+            f'<td class="num">{float(row["per_1000_node_days"]):.2f}</td>'
+            f'<td class="num">{int(row["hardware_incidents"])}</td></tr>'
+        )
+    out.append("</table>")
+    for scope, rows in (summary.get("mtbf") or {}).items():
+        if scope == "node" or not rows:
+            continue
+        out.append(
+            f"<h3>Mean time between hardware incidents by {escape(_SCOPE_NAMES.get(scope, scope))}"
+            f'</h3><table class="mtbf" data-scope="{escape(scope)}"><tr><th>name</th>'
+            "<th>node-days</th><th>incidents</th><th>MTBF (hours)</th></tr>"
+        )
+        for row in rows:
+            mtbf = row.get("mtbf_hours")
+            out.append(
+                f"<tr><td>{escape(str(row['name']) or '(none)')}</td>"
+                f'<td class="num">{float(row["node_days"]):.1f}</td>'
+                f'<td class="num">{int(row["incidents"])}</td>'
+                f'<td class="num">{f"{float(mtbf):.1f}" if mtbf is not None else "-"}</td></tr>'
+            )
+        out.append("</table>")
+    rule = summary.get("repeat_offender_rule") or {}
+    days = float(rule.get("window_s") or 0.0) / 86_400
+    offenders = summary.get("repeat_offenders") or []
+    out.append(
+        f"<h2>Repeat offenders</h2><p>{int(rule.get('incidents') or 0)} or more hardware "
+        f"incidents within {days:g} days: replace, do not reboot.</p>"
+    )
+    if not offenders:
+        out.append('<p class="no-offenders">No repeat offenders.</p>')
+        return "".join(out)
+    out.append(
+        '<table class="repeat-offenders"><tr><th>node</th><th>incidents</th><th>first</th>'
+        "<th>last</th><th>components</th></tr>"
+    )
+    for o in offenders:
+        node = str(o["node"])
+        href = f"/ui/topology#node-{quote(node, safe='')}"
+        out.append(
+            f'<tr data-node="{escape(node)}"><td>{_link(href, node)}</td>'
+            f'<td class="num">{int(o["incidents"])}</td><td>{escape(str(o["first"]))}</td>'
+            f"<td>{escape(str(o['last']))}</td>"
+            f"<td>{escape(', '.join(str(c) for c in o.get('components') or []))}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
+def _jobs_table(jobs: Sequence[Mapping[str, Any]], total: int) -> str:
+    if not jobs:
+        return "<h2>Jobs</h2><p>No job admitted yet.</p>"
+    out = [
+        f"<h2>Jobs that lost the most ({len(jobs)} of {total})</h2>"
+        '<table class="jobs"><tr><th>job</th><th>team</th><th>phase</th><th>GPUs</th>'
+        "<th>ETTR</th><th>interruptions</th><th>GPU-hours lost</th></tr>"
+    ]
+    for job in jobs:
+        key = f"{job['namespace']}/{job['name']}"
+        out.append(
+            f"<tr><td>{_link(goodput_href(job['namespace'], job['name']), key)}</td>"
+            f"<td>{escape(str(job.get('team') or '-'))}</td><td>{escape(str(job['phase']))}</td>"
+            f'<td class="num">{int(job.get("gpus") or 0)}</td>'
+            f"<td>{escape(ettr_words(job.get('ettr')))}</td>"
+            f'<td class="num">{int(job.get("interruption_count") or 0)}</td>'
+            f'<td class="num">{float(job.get("lost_gpu_hours") or 0.0):.2f}</td></tr>'
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
 def not_found_page(what: str) -> str:
     return _page(
         "Not found",
@@ -360,6 +627,6 @@ def _page(title: str, body: str) -> str:
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)} · topowatch</title><style>{_STYLE}</style></head><body>"
         '<nav><a href="/ui/topology">Topology</a><a href="/ui/preemptions">Preemptions</a>'
-        '<a href="/api/v1/workloads">Workloads (JSON)</a></nav>'
+        '<a href="/ui/goodput">Goodput</a><a href="/api/v1/workloads">Workloads (JSON)</a></nav>'
         f"{body}</body></html>\n"
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from html import escape
 from typing import Any
 from urllib.parse import quote
@@ -229,3 +230,116 @@ def legend_rows(slots: Sequence[GpuSlot]) -> list[tuple[GpuSlot, int]]:
         first, seen = counts.get(key, (slot, 0))
         counts[key] = (first, seen + 1)
     return [counts[key] for key in sorted(counts)]
+
+
+# --- a job's timeline (the goodput ledger, issue 29) -----------------------------------------
+
+TIMELINE_LEFT = 10
+TIMELINE_W = WIDTH - 2 * TIMELINE_LEFT
+BAND_Y = 22
+BAND_H = 30
+PHASE_FILLS: dict[str, str] = {
+    "running": "#16a34a",
+    "restarting": "#f59e0b",
+    "waiting": "#94a3b8",
+    "preempted": "#a855f7",
+    "suspended": "#cbd5e1",
+    "unobserved": "#e5e7eb",
+    "other": "#f1f5f9",
+}
+MARK_FILL = "#b91c1c"
+
+
+def _duration(seconds: float) -> str:
+    total = max(0, round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def timeline_svg(
+    bands: Sequence[Mapping[str, Any]],
+    interruptions: Sequence[Mapping[str, Any]],
+    start: float,
+    end: float,
+) -> str:
+    """A job's life from `start` to `end` as bands (views.goodput.timeline: phase, start,
+    end, from, to) with its interruptions (views.goodput.interruption_view) marked where they
+    stopped it; each band and mark says what it is on hover (<title>)."""
+    span = max(end - start, 1.0)
+
+    def x(t: float) -> float:
+        return TIMELINE_LEFT + (min(max(t, start), end) - start) / span * TIMELINE_W
+
+    parts: list[str] = []
+    for band in bands:
+        phase = str(band.get("phase", "other"))
+        left, right = x(float(band["start"])), x(float(band["end"]))
+        tip = (
+            f"{phase} from {band.get('from')} to {band.get('to')} "
+            f"({_duration(float(band['end']) - float(band['start']))})"
+        )
+        parts.append(
+            f'<rect class="band {escape(phase)}" data-phase="{escape(phase)}" '
+            f'x="{left:.1f}" y="{BAND_Y}" width="{max(right - left, 0.5):.1f}" '
+            f'height="{BAND_H}" fill="{PHASE_FILLS.get(phase, PHASE_FILLS["other"])}">'
+            f"<title>{escape(tip)}</title></rect>"
+        )
+    for number, entry in enumerate(interruptions, start=1):
+        at = entry.get("stopped_at_s")
+        if not isinstance(at, int | float) or entry.get("cause") == "completed":
+            continue
+        mx = x(float(at))
+        cause = str(entry.get("cause", "unknown"))
+        component = str(entry.get("component") or "")
+        tip = (
+            f"#{number} {entry.get('stopped_at')}: {cause}"
+            + (f" ({component})" if component else "")
+            + f": {entry.get('detail') or entry.get('missing') or 'no evidence'}; "
+            f"{float(entry.get('lost_gpu_hours') or 0.0):.2f} GPU-hours lost"
+            + (f"; uncertain: {entry['uncertain']}" if entry.get("uncertain") else "")
+        )
+        parts.append(
+            f'<a href="#interruption-{number}"><g class="interruption" '
+            f'data-cause="{escape(cause)}" data-component="{escape(component)}">'
+            f"<title>{escape(tip)}</title>"
+            f'<line x1="{mx:.1f}" y1="{BAND_Y - 8}" x2="{mx:.1f}" y2="{BAND_Y + BAND_H + 4}" '
+            f'stroke="{MARK_FILL}" stroke-width="2"/>'
+            f'<polygon points="{mx - 5:.1f},{BAND_Y - 14} {mx + 5:.1f},{BAND_Y - 14} '
+            f'{mx:.1f},{BAND_Y - 6}" fill="{MARK_FILL}"/></g></a>'
+        )
+    axis_y = BAND_Y + BAND_H + 18
+    ticks = 5
+    for index in range(ticks + 1):
+        t = start + span * index / ticks
+        anchor = "start" if index == 0 else "end" if index == ticks else "middle"
+        parts.append(
+            f'<text class="tick" x="{x(t):.1f}" y="{axis_y}" text-anchor="{anchor}">'
+            f"{escape(_clock(t, span))}</text>"
+        )
+    legend_y = axis_y + 22
+    lx = TIMELINE_LEFT
+    for phase, fill in PHASE_FILLS.items():
+        parts.append(
+            f'<rect x="{lx}" y="{legend_y - 10}" width="12" height="12" fill="{fill}" '
+            'stroke="#94a3b8"/>'
+            f'<text x="{lx + 16}" y="{legend_y}">{escape(phase)}</text>'
+        )
+        lx += 24 + 8 * len(phase)
+    parts.append(
+        f'<polygon points="{lx},{legend_y - 10} {lx + 10},{legend_y - 10} {lx + 5},{legend_y - 2}"'
+        f' fill="{MARK_FILL}"/><text x="{lx + 16}" y="{legend_y}">interruption</text>'
+    )
+    height = legend_y + 10
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="goodput-timeline" width="{WIDTH}" '
+        f'height="{height}" viewBox="0 0 {WIDTH} {height}" role="img" '
+        f'aria-label="job timeline">{"".join(parts)}</svg>'
+    )
+
+
+def _clock(t: float, span: float) -> str:
+    moment = datetime.fromtimestamp(t, UTC)
+    return moment.strftime("%m-%d %H:%M" if span >= 86_400 else "%H:%M:%S") + "Z"

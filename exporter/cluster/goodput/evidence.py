@@ -1,0 +1,221 @@
+"""What a Node and a job's objects say that the goodput ledger needs, read leniently.
+
+The cluster model keeps of a Node only what placement needs (its EFA findings among the
+agent's); the ledger needs every finding the node agent published in `topowatch.io/findings`
+(exporter.core.findings' JSON contract), whether the node is Ready, and the marks of a
+remediation under way: HyperPod's health label (`UnschedulablePendingReboot`,
+`UnschedulablePendingReplacement`, which topowatch's HyperPod provider also writes), its deep
+health check label, a cordon. These are read here from the raw object, never raising: a
+findings annotation that is garbage is reported (`findings_problem`) and its findings are
+"unknown", not "none", so a garbled rewrite never looks like a node that healed.
+
+A job may publish its last checkpoint time under an annotation or label whose key the operator
+configures; `checkpoint_of` reads it as RFC 3339 or Unix seconds and says why when it cannot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from exporter.core.findings import FINDINGS_ANNOTATION, SEVERITIES, decode_findings
+from exporter.core.goodput.causes import Component, component_of, is_hardware
+
+REBOOT_LABEL: Final = "UnschedulablePendingReboot"
+REPLACE_LABEL: Final = "UnschedulablePendingReplacement"
+HEALTH_KEY: Final = "sagemaker.amazonaws.com/node-health-status"
+DEEP_HEALTH_KEY: Final = "sagemaker.amazonaws.com/deep-health-check-status"
+DEEP_HEALTH_RUNNING: Final = frozenset({"InProgress", "Failed"})
+MAX_NOTE: Final = 200
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFinding:
+    """One finding of a node agent, with the component class it points at."""
+
+    node: str
+    check: str
+    component: str  # the agent's: "gpu3", "gpu0:link3", "rdmap16s27:1", "node"
+    severity: str
+    action: str  # none | reboot | replace
+    evidence: str
+    first_seen: float
+    part: Component  # exporter.core.goodput.causes
+
+    @property
+    def key(self) -> tuple[str, str, str, float]:
+        return (self.node, self.check, self.component, self.first_seen)
+
+    @property
+    def hardware(self) -> bool:
+        """A hardware fault: a hardware component, and serious (an action, or critical)."""
+        serious = self.action != "none" or SEVERITIES.index(self.severity) >= 2
+        return is_hardware(self.part) and serious
+
+    @property
+    def fatal(self) -> bool:
+        """Critical or fatal: the kind of finding that kills the work on the GPU."""
+        return SEVERITIES.index(self.severity) >= 2
+
+    def words(self) -> str:
+        return f"{self.check} on {self.component} of {self.node} ({self.severity}, {self.evidence})"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """A Node as the goodput ledger reads it."""
+
+    name: str
+    findings: tuple[NodeFinding, ...] = ()
+    findings_problem: str = ""  # why the annotation could not be read ("" when it could)
+    ready: bool = True
+    cordoned: bool = False
+    health: str = ""  # HyperPod's node-health-status label
+    deep_health: str = ""
+    scheduled_event: str = ""
+    raw_findings: object = None  # the annotation as written: an unchanged one is not re-read
+
+    @property
+    def remediation(self) -> str:
+        """The remediation HyperPod's label says is under way: reboot | replace | ""."""
+        if self.health == REBOOT_LABEL:
+            return "reboot"
+        if self.health == REPLACE_LABEL:
+            return "replace"
+        return ""
+
+    @property
+    def deep_check(self) -> bool:
+        return self.deep_health in DEEP_HEALTH_RUNNING
+
+    def unavailable(self) -> str:
+        """Why the node's free GPUs cannot be used, "" when they can: remediation,
+        deep_health_check, finding (an actionable finding), maintenance, cordoned."""
+        if self.remediation:
+            return "remediation"
+        if self.deep_check:
+            return "deep_health_check"
+        if any(f.action != "none" for f in self.findings):
+            return "finding"
+        if self.scheduled_event:
+            return "maintenance"
+        if self.cordoned or not self.ready or self.health.startswith("Unschedulable"):
+            return "cordoned"
+        return ""
+
+
+def node_facts(
+    obj: Mapping[str, Any], scheduled_event: str = "", previous: NodeFacts | None = None
+) -> NodeFacts:
+    """Read a Node object. A findings annotation that cannot be read keeps the findings of
+    `previous` (what was last known) and says why in `findings_problem`."""
+    meta = _map(obj.get("metadata"))
+    name = meta.get("name")
+    name = name if isinstance(name, str) else ""
+    labels = _map(meta.get("labels"))
+    annotations = _map(meta.get("annotations"))
+    spec = _map(obj.get("spec"))
+    status = _map(obj.get("status"))
+    ready = False
+    conditions = status.get("conditions")
+    if isinstance(conditions, list):
+        for cond in conditions:
+            if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+                ready = cond.get("status") == "True"
+    raw = annotations.get(FINDINGS_ANNOTATION)
+    if previous is not None and previous.raw_findings == raw and previous.name == name:
+        findings, problem = previous.findings, previous.findings_problem
+    else:
+        findings, problem = _findings(name, raw)
+        if problem and previous is not None:
+            findings = previous.findings
+    return NodeFacts(
+        name=name,
+        findings=findings,
+        findings_problem=problem,
+        ready=ready,
+        cordoned=spec.get("unschedulable") is True,
+        health=_text(labels.get(HEALTH_KEY)),
+        deep_health=_text(labels.get(DEEP_HEALTH_KEY)),
+        scheduled_event=scheduled_event,
+        raw_findings=raw,
+    )
+
+
+def _findings(node: str, raw: object) -> tuple[tuple[NodeFinding, ...], str]:
+    if raw is None:
+        return (), ""
+    if not isinstance(raw, str):
+        return (), f"{FINDINGS_ANNOTATION} is not a string"
+    try:
+        good, problems = decode_findings(raw)
+    except (RecursionError, OverflowError, ValueError) as exc:  # decode_findings never should
+        return (), f"{FINDINGS_ANNOTATION} unreadable: {type(exc).__name__}"[:MAX_NOTE]
+    out = tuple(
+        NodeFinding(
+            node,
+            f.check,
+            f.component,
+            f.severity,
+            f.action,
+            f.evidence,
+            f.first_seen,
+            component_of(f.check, f.evidence),
+        )
+        for f in good
+        if math.isfinite(f.first_seen)
+    )
+    note = "; ".join(problems)[:MAX_NOTE] if problems else ""
+    if problems and not good:
+        return (), f"{FINDINGS_ANNOTATION} unreadable: {note}"
+    return out, (f"{FINDINGS_ANNOTATION} partly unreadable: {note}" if note else "")
+
+
+def checkpoint_of(obj: Mapping[str, Any] | None, key: str) -> tuple[float | None, str]:
+    """The checkpoint time an object publishes under annotation or label `key`: (Unix
+    seconds, "") when readable, (None, "") when absent, (None, why) when malformed."""
+    if obj is None or not key:
+        return None, ""
+    meta = _map(obj.get("metadata"))
+    for where in ("annotations", "labels"):
+        value = _map(meta.get(where)).get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            return None, f"checkpoint {where[:-1]} {key} is empty or not a string"
+        parsed = parse_time(value.strip())
+        if parsed is None:
+            return None, f"checkpoint {where[:-1]} {key}={value[:64]!r} is not a time"
+        return parsed, ""
+    return None, ""
+
+
+def parse_time(value: str) -> float | None:
+    """RFC 3339 (with a zone) or Unix seconds; None for anything else."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        return seconds if math.isfinite(seconds) and seconds > 0 else None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None
+    try:
+        return parsed.timestamp()
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
