@@ -1060,7 +1060,7 @@ def test_chart_prometheus_operator_objects_are_well_formed() -> None:
 
 HYPERPOD_LABELS = {"cluster_id": "abc123def456", "cluster_name": "ml-cluster"}
 NODE_NAME = "hyperpod-i-0123456789abcdef0"
-README_SECTION = "### Replacing dcgm-exporter and the EFA exporter on HyperPod"
+HYPERPOD_DOC = REPO / "docs" / "hyperpod-exporters.md"  # "Replacing dcgm-exporter and ..."
 
 
 def endpoint_of(manifests: tuple[Manifest, ...] | list[Manifest], component: str) -> Manifest:
@@ -1132,11 +1132,9 @@ def test_schema_refuses_bad_static_labels_and_instance_modes(
 
 
 def readme_scrape_config() -> Manifest:
-    """The plain Prometheus scrape config in the README's HyperPod section."""
-    readme = (REPO / "README.md").read_text()
-    start = readme.index(f"\n{README_SECTION}\n")
-    end = re.compile(r"^#{2,3} ", re.M).search(readme, start + len(README_SECTION) + 2)
-    section = readme[start : end.start() if end else len(readme)]
+    """The plain Prometheus scrape config in the docs' HyperPod page (docs/hyperpod-exporters.md,
+    once the README's HyperPod section)."""
+    section = HYPERPOD_DOC.read_text()
     blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.S)]
     [config] = [b for b in blocks if isinstance(b, dict) and "scrape_configs" in b]
     result: Manifest = config

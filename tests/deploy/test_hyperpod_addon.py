@@ -4,9 +4,10 @@ The add-on's own dashboards and alert rules (tests/fixtures/hyperpod-addon, sour
 its README) are evaluated by the Debian `prometheus` binary, which scrapes two simulated p5 nodes
 served by real node agents with `--compat dcgm,efa`: one healthy, one with a hot GPU, a
 double-bit ECC error, a flapping NVLink, an XID, a failed row remap and a lost GPU. The scrape
-job is the README's documented one (instance = node name, cluster_id/cluster_name, honor_labels);
-a kube-state-metrics target serves `kube_node_info`/`kube_pod_info` in KSM's format for the two
-nodes' pods, because the add-on's variables and its per-task joins read them.
+job is the documented one (docs/hyperpod-exporters.md: instance = node name,
+cluster_id/cluster_name, honor_labels); a kube-state-metrics target serves
+`kube_node_info`/`kube_pod_info` in KSM's format for the two nodes' pods, because the add-on's
+variables and its per-task joins read them.
 
 Grafana's part is done the way Grafana does it: each variable resolved in order from
 `label_values(...)` against this Prometheus ("All" taking the variable's allValue), the built-ins
@@ -243,8 +244,9 @@ class StaticTarget:
 
 
 def scrape_config(agents: list[AddonNode], ksm: StaticTarget, rules: Path) -> dict[str, Any]:
-    """The README's documented job, with the pods its pod discovery would find written out
-    (Debian's Prometheus has no Kubernetes discovery); KSM gets the same cluster labels."""
+    """The documented job (docs/hyperpod-exporters.md), with the pods its pod discovery would
+    find written out (Debian's Prometheus has no Kubernetes discovery); KSM gets the same cluster
+    labels."""
     [job] = readme_scrape_config()["scrape_configs"]
     job = {k: v for k, v in job.items() if k != "kubernetes_sd_configs"}
     job["static_configs"] = [
@@ -413,7 +415,7 @@ def test_every_gpu_and_efa_panel_of_the_addon_shows_data(addon: tuple[Prometheus
     assert set(empty) == set(DASHBOARD_BUGS), json.dumps(
         {k: v for k, v in empty.items() if k not in DASHBOARD_BUGS}, indent=1
     )
-    # what is left to other exporters, by source (README lists the same)
+    # what is left to other exporters, by source (docs/hyperpod-exporters.md lists the same)
     assert set(out_of_scope) == {
         "node_exporter",
         "kubelet",

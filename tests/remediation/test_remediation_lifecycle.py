@@ -469,9 +469,9 @@ def test_a_good_ladder_and_lifecycle_settings_are_read(tmp_path: Path) -> None:
     assert rule is not None and rule.steps[0].within_s == 12 * H
 
 
-def test_the_readme_example_config_is_one_the_service_accepts() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("# remediation.yaml\n", 1)[1].split("```", 1)[0]
+def test_the_documented_example_config_is_one_the_service_accepts() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "remediation.md").read_text()
+    block = page.split("# remediation.yaml\n", 1)[1].split("```", 1)[0]
     config, problems = PolicyConfig.from_mapping(yaml.safe_load(block))
     assert problems == [] and config.mode == "act"
     assert [r.name for r in config.ladder.rules][:2] == ["xid-79", "nvlink"]
