@@ -3,18 +3,22 @@
 Switches are named, as the Kueue side names its domains (`topowatch explain NS/NAME`'s
 "network-node-layer-3: nn-a (2 pods), nn-b (1 pod)"): each level the job's nodes span lists its
 switches (the SwitchName of topology.conf, or the network node id of a `topology from-ec2` file)
-with the nodes on each, and the leaf switches are named with them."""
+with the nodes on each, and the leaf switches are named with them.
+
+The goodput ledger's part (issue 29: the slurm-controller's `GET /api/v1/goodput/JOBID`, a
+`SlurmJobGoodput.as_dict()`) reads as the Kueue side's `topowatch explain NS/JOB` does: the ETTR,
+then "Interrupted N times: ..." with each interruption's cause, evidence and lost GPU-hours."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter.slurm.placement import DOCS, JobPlacement
 from exporter.topology.hostlist import compress
 from exporter.topology.labels import LEVELS, NETWORK_LEVELS, ULTRASERVER
 
-__all__ = ["as_dict", "find", "text"]
+__all__ = ["as_dict", "find", "goodput_lines", "ledger_text", "text"]
 
 _ORDER = (*LEVELS, ULTRASERVER)
 
@@ -183,3 +187,111 @@ def _placement_lines(item: JobPlacement) -> list[str]:
     if item.unplaced:
         lines.append(f"  not in the topology: {compress(item.unplaced)}")
     return lines
+
+
+# --- goodput (issue 29) ---------------------------------------------------------------------------
+
+
+def ledger_text(view: Mapping[str, Any]) -> str:
+    """A job squeue no longer lists, from the ledger alone."""
+    who = ", ".join(
+        part
+        for part in (
+            f"user {view['user']}" if view.get("user") else "",
+            f"partition {view['partition']}" if view.get("partition") else "",
+        )
+        if part
+    )
+    state = view.get("state") or view.get("phase") or "unknown"
+    head = f'Slurm job {view.get("job_id")} "{view.get("name", "")}"' + (f" ({who})" if who else "")
+    lines = [f"{head}: {state}, no longer in squeue"]
+    if view.get("nodes"):
+        lines.append(f"  last nodes ({len(view['nodes'])}): {compress(view['nodes'])}")
+    lines.extend(goodput_lines(view))
+    return "\n".join(lines) + "\n"
+
+
+def goodput_lines(view: Mapping[str, Any]) -> list[str]:
+    """The job's ETTR and its interruptions, each with cause, evidence and lost GPU-hours."""
+    seconds = view.get("seconds") or {}
+    ettr = view.get("ettr")
+    spent = ", ".join(
+        f"{phase} {_duration(seconds[phase])}"
+        for phase in ("restarting", "waiting", "preempted", "suspended", "unobserved")
+        if seconds.get(phase)
+    )
+    shown = "unknown yet" if ettr is None else f"{ettr:.1%}"
+    team = view.get("team") or "?"
+    lines = [
+        f"Goodput: ETTR {shown} (running {_duration(seconds.get('running', 0.0))} of "
+        f"{_duration(view.get('effective_wall_s') or 0.0)} counted"
+        + (f"; {spent}" if spent else "")
+        + f"), {_hours(view.get('lost_gpu_hours'))} GPU-hours lost; team {team}"
+        + (f", restart count {view['restart_count']}" if view.get("restart_count") else "")
+    ]
+    entries = [e for e in view.get("interruptions") or [] if e.get("cause") != "completed"]
+    if not entries:
+        lines.append("Not interrupted.")
+        return lines
+    causes: dict[str, int] = {}
+    for entry in entries:
+        causes[_cause_words(entry)] = causes.get(_cause_words(entry), 0) + 1
+    summary = ", ".join(f"{n} {cause}" for cause, n in causes.items())
+    times = "time" if len(entries) == 1 else "times"
+    lines.append(f"Interrupted {len(entries)} {times}: {summary}")
+    lines.extend(f"  {line}" for entry in entries for line in _interruption_lines(entry))
+    return lines
+
+
+def _interruption_lines(entry: Mapping[str, Any]) -> list[str]:
+    state = "" if entry.get("settled") else " (not settled yet)"
+    detail = entry.get("detail") or entry.get("missing") or "no evidence"
+    lines = [
+        f"{entry.get('stopped_at') or '?'} {_cause_words(entry)}{state}: {detail}; "
+        f"{entry.get('gpus', 0)} GPUs, {_hours(entry.get('lost_gpu_hours'))} GPU-hours lost"
+        + (" so far" if entry.get("open") else "")
+    ]
+    action = (entry.get("evidence") or {}).get("action") or "?"
+    steps = [
+        (label, entry.get(key))
+        for label, key in (
+            ("detected", "detected_at"),
+            (f"action {action}", "action_at"),
+            ("node back", "node_back_at"),
+            ("running again", "resumed_at"),
+        )
+        if entry.get(key)
+    ]
+    if steps:
+        lines.append("  " + " -> ".join(f"{label} {at}" for label, at in steps))
+    if entry.get("uncertain"):
+        lines.append(f"  Uncertain: {entry['uncertain']}")
+    if entry.get("missing") and entry.get("cause") == "unknown":
+        lines.append(f"  Missing: {entry['missing']}")
+    return lines
+
+
+def _cause_words(entry: Mapping[str, Any]) -> str:
+    cause = str(entry.get("cause") or "unknown").replace("_", " ")
+    component = entry.get("component")
+    return f"{cause} ({component})" if component else cause
+
+
+def _hours(value: Any) -> str:
+    number = float(value) if isinstance(value, int | float) else 0.0
+    return f"{number:.2f}" if number >= 0.01 or number == 0 else f"{number:.4f}"
+
+
+def _duration(seconds: float) -> str:
+    """2d03h, 5h07m, 12m05s, 40s (as the Kueue side's explain writes them)."""
+    total = max(0, round(seconds))
+    days, rest = divmod(total, 86_400)
+    hrs, rest = divmod(rest, 3600)
+    mins, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hrs:02d}h"
+    if hrs:
+        return f"{hrs}h{mins:02d}m"
+    if mins:
+        return f"{mins}m{secs:02d}s"
+    return f"{secs}s"

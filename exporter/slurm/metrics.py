@@ -6,6 +6,14 @@ metrics.py: `topowatch_workload_domains`, `topowatch_workload_worst_pair_hops`,
 `topowatch_cluster_workload_series_dropped`), with `scheduler="slurm"` and Slurm's job labels
 (`job_id`, `name`, `user`, `partition`) in place of Kueue's namespace/workload/cluster_queue.
 Slurm-only facts have `topowatch_slurm_` names.
+
+The goodput ledger's families (`goodput_families`, issue 29) have the Kueue side's names and
+label sets exactly (exporter/cluster/metrics/goodput.py), so its alert rules and the "Goodput and
+reliability" dashboard read a Slurm cluster unchanged: `topowatch_interruptions_total{cause,
+component,team}`, `topowatch_job_interruptions{namespace,job_name,team}` and the ETTR and lost
+GPU-seconds families. On Slurm `team` is the job's account (its partition when it has none),
+`namespace` its partition and `job_name` its job id (what `topowatch explain --slurm` takes;
+names repeat on Slurm).
 """
 
 from __future__ import annotations
@@ -13,15 +21,32 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from exporter.core.exposition import GAUGE, Family
+from exporter.core.exposition import COUNTER, GAUGE, Family
+from exporter.core.goodput.causes import CAUSES, COMPONENTS
 from exporter.core.placement_metrics import workload_placement_families
+from exporter.slurm.goodput import SlurmGoodput, SlurmJobGoodput
 from exporter.slurm.placement import JobPlacement, NodeState, judge_all
 from exporter.sources.slurm.jobs import SlurmJob
 from exporter.topology.labels import Placement
 
-__all__ = ["DEFAULT_JOB_CAP", "render", "slurm_families"]
+__all__ = [
+    "DEFAULT_GOODPUT_JOB_CAP",
+    "DEFAULT_JOB_CAP",
+    "goodput_families",
+    "render",
+    "slurm_families",
+]
 
 DEFAULT_JOB_CAP = 2000  # per-job series, as the Kueue side caps workloads
+DEFAULT_GOODPUT_JOB_CAP = 500  # per-job goodput series, as the Kueue side's ledger caps them
+RECENT_S = 3600.0  # an ended job keeps its per-job goodput series this long
+LOST_CAUSES = tuple(c for c in CAUSES if c != "completed")
+# (cause, component) of topowatch_interruptions_total: a component only for causes of a node.
+SERIES = tuple(
+    (cause, component)
+    for cause in LOST_CAUSES
+    for component in (COMPONENTS if cause in ("node_fault", "remediation") else ("",))
+)
 
 
 def slurm_families(
@@ -162,3 +187,115 @@ def _kind(problem: str) -> str:
 def _id_key(job_id: str) -> tuple[int, str]:
     digits = job_id.split("_", 1)[0]
     return (int(digits), job_id) if digits.isdigit() else (0, job_id)
+
+
+# --- goodput (issue 29) ---------------------------------------------------------------------------
+
+
+def goodput_families(
+    ledger: SlurmGoodput, now: float, cap: int = DEFAULT_GOODPUT_JOB_CAP
+) -> list[Family]:
+    """The ledger's families at `now` (exporter/slurm/goodput.py)."""
+    jobs = ledger.jobs_goodput(now)
+    return [
+        _interruptions(ledger, {j.team for j in jobs} | ledger.teams),
+        *_teams(jobs),
+        *_per_job(jobs, now, cap),
+    ]
+
+
+def _interruptions(ledger: SlurmGoodput, teams: set[str]) -> Family:
+    family = Family(
+        "topowatch_interruptions",
+        COUNTER,
+        "Running jobs that stopped running, seen happening by this process once their cause "
+        "was settled, by cause (preempted, node_fault, remediation, elastic_scale_down, user, "
+        "unknown), the failing component for node faults and remediation (gpu, hbm, nvlink, "
+        'network, host, software, unknown; "" otherwise) and team (Slurm: the account, else '
+        "the partition). Interruptions read back from the ledger file at start-up are not "
+        "counted again, so a restart starts this at zero.",
+    )
+    counts: Counter[tuple[str, str, str]] = Counter(
+        {(c, p, t): 0 for t in teams for c, p in SERIES}
+    )
+    counts.update(ledger.live_counts())
+    for (cause, component, team), count in sorted(counts.items()):
+        family.add([("cause", cause), ("component", component), ("team", team)], count)
+    return family
+
+
+def _teams(jobs: Sequence[SlurmJobGoodput]) -> list[Family]:
+    lost = Family(
+        "topowatch_goodput_lost_gpu_seconds",
+        GAUGE,
+        "GPU-seconds lost to interruptions over the retained ledger (GPUs held idle or torn down "
+        "x time until the job ran again; open interruptions up to now), by cause and team.",
+    )
+    ettr = Family(
+        "topowatch_goodput_ettr_ratio",
+        GAUGE,
+        "Effective training time ratio of a team's live and recent jobs: running time over "
+        "wall time since first start, less the time suspended and the time no process watched "
+        "(absent before any such time).",
+    )
+    running = Family(
+        "topowatch_goodput_running_seconds",
+        GAUGE,
+        "Seconds a team's live and recent jobs ran (the numerator of ETTR).",
+    )
+    wall = Family(
+        "topowatch_goodput_effective_wall_seconds",
+        GAUGE,
+        "Wall seconds of a team's live and recent jobs since their first start, less "
+        "suspended and unobserved time (the denominator of ETTR).",
+    )
+    sums: dict[str, list[float]] = {}
+    lost_by: dict[str, dict[str, float]] = {}
+    for job in jobs:
+        row = sums.setdefault(job.team, [0.0, 0.0])
+        row[0] += job.seconds.get("running", 0.0)
+        row[1] += job.effective_wall
+        into = lost_by.setdefault(job.team, {})
+        for cause, value in job.lost_gpu_seconds_by_cause.items():
+            into[cause] = into.get(cause, 0.0) + value
+    for name in sorted(sums):
+        run_s, effective = sums[name]
+        team = [("team", name)]
+        per = lost_by.get(name, {})
+        for cause in LOST_CAUSES:
+            lost.add([("cause", cause), *team], per.get(cause, 0.0))
+        if effective > 0:
+            ettr.add(team, run_s / effective)
+        running.add(team, run_s)
+        wall.add(team, max(0.0, effective))
+    return [lost, ettr, running, wall]
+
+
+def _per_job(jobs: Sequence[SlurmJobGoodput], now: float, cap: int) -> list[Family]:
+    ettr = Family(
+        "topowatch_job_ettr_ratio",
+        GAUGE,
+        "A live or recently finished job's effective training time ratio (its largest jobs, "
+        "up to the series cap; absent before any running or waiting time).",
+    )
+    count = Family(
+        "topowatch_job_interruptions",
+        GAUGE,
+        "Times a live or recently finished job stopped running (completion excluded).",
+    )
+    dropped = Family(
+        "topowatch_goodput_job_series_dropped",
+        GAUGE,
+        "Live and recent jobs left without per-job series by the series cap.",
+    )
+    shown = [
+        j for j in jobs if j.live or (j.finished_at is not None and now - j.finished_at <= RECENT_S)
+    ]
+    shown.sort(key=lambda j: (-j.gpus, _id_key(j.job_id)))
+    for job in shown[:cap]:
+        labels = [("namespace", job.partition), ("job_name", job.job_id), ("team", job.team)]
+        if job.ettr is not None:
+            ettr.add(labels, job.ettr)
+        count.add(labels, job.interruptions)
+    dropped.add([], max(0, len(shown) - cap))
+    return [ettr, count, dropped]

@@ -8,6 +8,13 @@ keeps its state in a file (statefile), with the node's Reason in slurmctld as th
 for what was already asked (reports). Placement of Slurm jobs (`squeue --json`) is read in the same
 cycle when the placement module is present.
 
+The goodput ledger (issue 29, exporter/slurm/goodput.py) reads the same `squeue --json` every
+cycle, with what this controller saw on the nodes: its agents' findings, its own actions (each
+state it records), slurmctld's node states and Reasons. It is kept beside the state file
+(`<state file stem>-goodput.json`, replaced atomically when it changed) and read back at start;
+`/metrics` carries the Kueue side's goodput families, `GET /api/v1/interruptions` and
+`GET /api/v1/goodput[/JOBID]` serve it, and `topowatch explain --slurm JOBID` asks for it.
+
 Nothing here blocks the event loop: Slurm commands run in threads, the controller decides and
 acts in its own thread, and /metrics, /healthz and /api/v1/remediation keep answering while
 slurmctld is down or agents time out.
@@ -17,11 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
@@ -39,6 +50,8 @@ from exporter.core.exposition import (
 )
 from exporter.core.findings import Finding
 from exporter.slurm import file_sd
+from exporter.slurm.goodput import SlurmGoodput, check_cause, interruption_view
+from exporter.slurm.metrics import DEFAULT_GOODPUT_JOB_CAP, goodput_families
 from exporter.slurm.poller import (
     OUTCOMES,
     AgentPoller,
@@ -55,6 +68,7 @@ from exporter.slurm.reports import (
 from exporter.slurm.settings import Settings, SettingsError, check_against_slurm
 from exporter.slurm.statefile import StateFile, StateFileError, atomic_write
 from exporter.sources.slurm.commands import SlurmCli, SlurmCommandError
+from exporter.sources.slurm.jobs import SlurmJob, parse_jobs
 from exporter.sources.slurm.nodes import SlurmNode, parse_nodes
 from healthcheck.remediation.alerts import bearer_ok, read_token_file
 from healthcheck.remediation.audit import AuditRecord
@@ -66,21 +80,39 @@ from healthcheck.remediation.state import Outcome, RemediationState
 log = logging.getLogger(__name__)
 
 MIN_WATCH_ROUND_S = 1.0  # a watched agent is asked at most once a second without news
-PlacementFamilies = Callable[[str, Sequence[SlurmNode], str], list[Family]]
+# (jobs, squeue's document problems, nodes, cluster) -> families
+PlacementFamilies = Callable[
+    [Sequence[SlurmJob], Sequence[str], Sequence[SlurmNode], str], list[Family]
+]
+MAX_API_LIMIT = 10_000
+DEFAULT_API_LIMIT = 1_000
+GOODPUT_REFRESH_S = 300.0  # the ledger file is rewritten at least this often while jobs run
+# Actions recorded in the state file that did something to the node (not refused or deferred).
+_ACTED = frozenset({"requested", "done", "recovered", "checked", "gone"})
+
+
+def goodput_path(state_file: Path) -> Path:
+    """Where the goodput ledger lives: beside the state file (`state.json` ->
+    `state-goodput.json`)."""
+    return state_file.with_name(f"{state_file.stem}-goodput.json")
 
 
 class _StateFileWriter:
     """The controller's NodeWriter on Slurm: state to the file; no Events exist (the Auditor
-    already logs and counts every record)."""
+    already logs and counts every record). Each state written is also kept for the goodput
+    ledger (`written`, taken by the service's cycle: the controller writes from its thread)."""
 
     def __init__(self, state_file: StateFile) -> None:
         self.state_file = state_file
+        self.written: deque[tuple[str, RemediationState]] = deque(maxlen=10_000)
 
     def write_state(self, node: str, state: RemediationState) -> None:
         self.state_file.write_state(node, state)
+        self.written.append((node, state))
 
     def write_states(self, items: Sequence[tuple[str, RemediationState]]) -> None:
         self.state_file.write_states(items)
+        self.written.extend(items)
 
     def post_event(self, record: AuditRecord) -> None:
         return None
@@ -131,6 +163,12 @@ class SlurmControllerService:
         self._watchers: dict[Target, asyncio.Task[None]] = {}
         self._watch_session: aiohttp.ClientSession | None = None
         self._first_asks = asyncio.Semaphore(max(1, settings.concurrency))
+        # The goodput ledger (issue 29): fed each cycle, kept in `goodput_file` when set.
+        self.goodput = SlurmGoodput()
+        self.goodput_file: Path | None = None
+        self.goodput_problem = ""
+        self.goodput_job_cap = DEFAULT_GOODPUT_JOB_CAP
+        self._goodput_saved = -math.inf  # when the ledger was last written
 
     # -- start-up --
 
@@ -142,6 +180,46 @@ class SlurmControllerService:
         except StateFileError as exc:
             self.state_problem = str(exc)
             log.error("remediation paused: %s", exc)
+        self.load_goodput()
+        for node, state in self.states.items():
+            self._goodput_action(node, state)
+
+    def load_goodput(self) -> None:
+        """Read the goodput ledger back. One that cannot be read is moved aside (named in the
+        log and in /api/v1/remediation's `goodput.problem`) and a new one begun: the ledger is
+        history, not the record of an action under way, so it never holds the controller."""
+        path = self.goodput_file
+        if path is None:
+            return
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self.goodput_problem = f"cannot read {path}: {exc.strerror}"
+            log.error("goodput ledger: %s", self.goodput_problem)
+            return
+        try:
+            document: Any = json.loads(text)
+        except ValueError as exc:
+            document, problems = None, [f"not JSON ({exc})"]
+        else:
+            problems = self.goodput.restore(document)
+        if document is None or self.goodput.saved_at is None:
+            aside = path.with_name(f"{path.name}.unreadable-{int(self.clock())}")
+            self.goodput_problem = f"{path}: {'; '.join(problems)}; moved to {aside.name}"
+            log.error("goodput ledger: %s", self.goodput_problem)
+            with contextlib.suppress(OSError):
+                path.rename(aside)
+            return
+        if problems:
+            self.goodput_problem = f"{path}: {len(problems)} parts unreadable: {problems[0]}"
+            log.warning("goodput ledger: %s", self.goodput_problem)
+
+    def _goodput_action(self, node: str, state: RemediationState) -> None:
+        if state.outcome in _ACTED:
+            detail = f"topowatch asked slurmctld for a {state.action} ({self.settings.method})"
+            self.goodput.observe_action(node, state.action, state.started_at, detail)
 
     # -- one cycle --
 
@@ -168,6 +246,7 @@ class SlurmControllerService:
         self.slurmctld_problem = ""
         self._forget_departed({n.name for n in nodes}, now)
         self.nodes = {n.name: n for n in nodes}
+        self.goodput.observe_nodes(nodes, now)
         if not self._reconciled:
             await asyncio.to_thread(self._reconcile, now)
         self._write_file_sd()
@@ -187,8 +266,7 @@ class SlurmControllerService:
             readings = await self.poller.poll(targets, arrived)
             if self._unresolved:
                 await asyncio.to_thread(self._resume_asked, readings, self.clock())
-        if self.settings.placement and self.placement is not None:
-            await self._read_placement()
+        await self._read_jobs()
         self.counts.cycles["ok"] += 1
         self.last_cycle_s = time.monotonic() - started
         self.last_cycle_at = now
@@ -280,6 +358,7 @@ class SlurmControllerService:
         self.last_outcome[reading.node] = reading.outcome
         if reading.ok:
             self.last_good[reading.node] = reading.findings
+            self.goodput.observe_findings(reading.node, reading.findings)
         elif before != reading.outcome:  # audited once per change, counted every time
             self.controller.auditor.problem(
                 reading.node, f"agent_{reading.outcome}", reading.detail, reading.received_at
@@ -389,17 +468,107 @@ class SlurmControllerService:
             return
         self._file_sd_text = text
 
-    async def _read_placement(self) -> None:
-        assert self.placement is not None
+    async def _read_jobs(self) -> None:
+        """One `squeue --json` for placement and the goodput ledger. A document that cannot
+        be read in full feeds the ledger only the jobs it lists (none counts as gone)."""
+        writer = getattr(self.controller, "writer", None)
+        if isinstance(writer, _StateFileWriter):
+            while writer.written:
+                self._goodput_action(*writer.written.popleft())
         try:
             text = await asyncio.to_thread(self.cli.squeue_json)
         except SlurmCommandError as exc:
             self.counts.command_failures[("squeue", exc.kind)] += 1
             log.warning("cannot read jobs: %s", exc)
             return
-        self.placement_families = self.placement(
-            text, list(self.nodes.values()), self.settings.cluster
-        )
+        jobs, problems = parse_jobs(text)
+        if jobs or not problems:
+            self.goodput.observe_jobs(jobs, self.clock(), complete=not problems)
+        if self.settings.placement and self.placement is not None:
+            self.placement_families = self.placement(
+                jobs, problems, list(self.nodes.values()), self.settings.cluster
+            )
+        await self._save_goodput()
+
+    async def _save_goodput(self) -> None:
+        """Write the ledger when it changed, and at least every GOODPUT_REFRESH_S while jobs
+        run: after a restart, time since the last write is judged from squeue alone."""
+        path = self.goodput_file
+        now = self.clock()
+        stale = now - self._goodput_saved >= GOODPUT_REFRESH_S and bool(self.goodput.jobs)
+        if path is None or not (self.goodput.changed or stale):
+            return
+        text = json.dumps(self.goodput.document(now), separators=(",", ":"))
+        try:
+            await asyncio.to_thread(atomic_write, path, text)
+        except OSError as exc:
+            self.counts.command_failures[("goodput_file", "write")] += 1
+            self.goodput.changed = True  # try again next cycle
+            log.error("cannot write %s: %s", path, exc)
+            return
+        self._goodput_saved = now
+
+    # -- the goodput ledger's reads (on the event loop, as the cycle that feeds it) --
+
+    def interruptions(
+        self,
+        partition: str | None = None,
+        job: str | None = None,
+        cause: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = DEFAULT_API_LIMIT,
+    ) -> list[dict[str, Any]]:
+        """Entries newest first (ValueError for a bad cause or limit: a 400)."""
+        check_cause(cause)
+        if not 1 <= limit <= MAX_API_LIMIT:
+            raise ValueError(f"limit={limit}: expected 1 to {MAX_API_LIMIT}")
+        now = self.clock()
+        found = self.goodput.interruptions(since, until, partition, cause, job)
+        found.sort(key=lambda e: (e.stopped_at, e.id), reverse=True)
+        out = []
+        for entry in found[:limit]:
+            track = self.goodput.jobs.get(entry.job)
+            end = track.finished_at if track is not None and track.finished_at else now
+            out.append(interruption_view(entry, end))
+        return out
+
+    def goodput_job(self, job_id: str) -> dict[str, Any] | None:
+        found = self.goodput.job_goodput(job_id, self.clock())
+        return found.as_dict() if found is not None else None
+
+    def goodput_groups(self, group: str) -> list[dict[str, Any]]:
+        """ETTR and lost GPU-hours per team or partition (`namespace`)."""
+        if group not in ("team", "namespace", "partition"):
+            raise ValueError(f"group={group!r}: expected team or namespace (partition)")
+        rows: dict[str, dict[str, Any]] = {}
+        for job in self.goodput.jobs_goodput(self.clock()):
+            name = job.team if group == "team" else job.partition
+            row = rows.setdefault(
+                name,
+                {
+                    "group": group,
+                    "name": name,
+                    "jobs": 0,
+                    "running_s": 0.0,
+                    "wall_s": 0.0,
+                    "excluded_s": 0.0,
+                    "interruptions": 0,
+                    "lost_gpu_hours_by_cause": {},
+                },
+            )
+            row["jobs"] += 1
+            row["running_s"] += job.seconds.get("running", 0.0)
+            row["wall_s"] += job.wall
+            row["excluded_s"] += job.wall - job.effective_wall
+            row["interruptions"] += job.interruptions
+            lost = row["lost_gpu_hours_by_cause"]
+            for cause, seconds in job.lost_gpu_seconds_by_cause.items():
+                lost[cause] = round(lost.get(cause, 0.0) + seconds / 3600, 6)
+        for row in rows.values():
+            counted = row["wall_s"] - row["excluded_s"]
+            row["ettr"] = row["running_s"] / counted if counted > 0 else None
+        return [rows[name] for name in sorted(rows)]
 
     # -- outputs --
 
@@ -461,6 +630,7 @@ class SlurmControllerService:
             resumed,
             *self.controller.families(),
             *self.placement_families,
+            *goodput_families(self.goodput, self.clock(), self.goodput_job_cap),
         ]
 
     def status(self) -> dict[str, Any]:
@@ -472,6 +642,11 @@ class SlurmControllerService:
             "last_cycle_seconds": self.last_cycle_s,
             "last_cycle_at": self.last_cycle_at,
             "remediation": self.controller.status(),
+            "goodput": {
+                "file": str(self.goodput_file) if self.goodput_file is not None else None,
+                "problem": self.goodput_problem or None,
+                "jobs": len(self.goodput.jobs),
+            },
         }
 
 
@@ -504,11 +679,81 @@ def build_app(service: SlurmControllerService, admin_token: str | None) -> web.A
         breaker = service.controller.reset_breaker(service.clock(), who)
         return web.json_response({"breaker": breaker})
 
+    def bad(why: str) -> web.Response:
+        return web.json_response({"error": why}, status=400)
+
+    async def interruptions(request: web.Request) -> web.Response:
+        """GET /api/v1/interruptions?namespace=PARTITION&job=JOBID&cause=&since=&until=&limit=
+        (since/until: Unix seconds, RFC 3339, or a duration back from now: 30m, 6h, 7d)."""
+        query = request.query
+        now = service.clock()
+        try:
+            limit_text = query.get("limit", str(DEFAULT_API_LIMIT))
+            try:
+                limit = int(limit_text)
+            except ValueError:
+                raise ValueError(f"limit={limit_text!r}: expected a whole number") from None
+            found = service.interruptions(
+                query.get("namespace") or query.get("partition") or None,
+                query.get("job") or None,
+                query.get("cause") or None,
+                _moment(query.get("since"), now, "since"),
+                _moment(query.get("until"), now, "until"),
+                limit,
+            )
+        except ValueError as exc:
+            return bad(str(exc))
+        return web.json_response(found)
+
+    async def goodput(request: web.Request) -> web.Response:
+        try:
+            return web.json_response(service.goodput_groups(request.query.get("group", "team")))
+        except ValueError as exc:
+            return bad(str(exc))
+
+    async def goodput_job(request: web.Request) -> web.Response:
+        job = request.match_info["job"]
+        view = service.goodput_job(job)
+        if view is None:
+            return web.json_response(
+                {"error": f"job {job} not in the goodput ledger (never seen running, or let go)"},
+                status=404,
+            )
+        return web.json_response(view)
+
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/api/v1/remediation", status)
     app.router.add_post("/api/v1/remediation/reset", reset)
+    app.router.add_get("/api/v1/interruptions", interruptions)
+    app.router.add_get("/api/v1/goodput", goodput)
+    app.router.add_get("/api/v1/goodput/{job}", goodput_job)
     return app
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+
+
+def _moment(text: str | None, now: float, name: str) -> float | None:
+    """A query time: Unix seconds, RFC 3339, or a duration back from now ("30m", "7d")."""
+    if not text:
+        return None
+    said = text.strip()
+    if said[-1:] in _UNITS and said[:-1].replace(".", "", 1).isdigit():
+        return now - float(said[:-1]) * _UNITS[said[-1]]
+    try:
+        value = float(said)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(value):
+            return value
+    try:
+        return datetime.fromisoformat(said.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise ValueError(
+            f"{name}={text!r}: expected Unix seconds, RFC 3339 or a duration (30m, 6h, 7d)"
+        ) from None
 
 
 # --- the process ----------------------------------------------------------------------------
@@ -545,6 +790,7 @@ def build_service(settings: Settings, env: dict[str, str] | None = None) -> Slur
     service = SlurmControllerService(
         settings, cli, poller, controller, state_file, placement=_placement(settings)
     )
+    service.goodput_file = goodput_path(settings.state_file)
     if settings.admin_token_file is not None:
         service.admin_token = read_token_file(settings.admin_token_file)
     service.load_state()
@@ -555,13 +801,16 @@ def _placement(settings: Settings) -> PlacementFamilies | None:
     if not settings.placement:
         return None
     from exporter.slurm.metrics import slurm_families
-    from exporter.sources.slurm.jobs import parse_jobs
     from exporter.topology.files import load_placements
 
     placements = load_placements(settings.topology_file) if settings.topology_file else {}
 
-    def families(text: str, nodes: Sequence[SlurmNode], cluster: str) -> list[Family]:
-        jobs, problems = parse_jobs(text)
+    def families(
+        jobs: Sequence[SlurmJob],
+        problems: Sequence[str],
+        nodes: Sequence[SlurmNode],
+        cluster: str,
+    ) -> list[Family]:
         for problem in problems:
             log.warning("squeue: %s", problem)
         return slurm_families(jobs, nodes, placements, cluster, problems)

@@ -13,6 +13,13 @@ tests/fixtures/slurm/ hold one document per version and its README cites the lin
 - v0.0.41 (24.05): `job_resources.nodes` becomes an object: `{"count", "select_type", "list"
   (hostlist), "whole", "allocation": [{"name": ...}, ...]}`.
 - v0.0.42 (24.11+): the switch count is `required_switches`.
+What the goodput ledger reads (exporter/slurm/goodput.py) kept its name throughout: `restart_cnt`
+(a plain count: how many times slurmctld requeued the job, `scontrol requeue`, a node failure or
+a preemption with PreemptMode=REQUEUE; slurm.h `job_info_t.restart_cnt`), `account`, and the
+times `end_time`, `suspend_time` and `preempt_time` (plain, then `{"set", "number"}` objects from
+v0.0.40). v0.0.38/v0.0.39 print job_state_string(), which names one flag instead of the base
+state when a flag is set (slurm_protocol_defs.c: COMPLETING, CONFIGURING, REQUEUED, REQUEUE_HOLD,
+...): the base state is then inferred (`state_from_flag`), a requeued job being PENDING again.
 The job's own `nodes` (the allocated nodes as a hostlist string) kept its shape throughout and is
 read first. A job that cannot be read keeps what could be read and carries its problems as
 "unknown: <why>" strings; a document that cannot be read at all is a problem, never an exception.
@@ -56,6 +63,18 @@ BASE_STATES = frozenset(
 # v0.0.38/v0.0.39 print job_state_string(), which names some flags instead of the base state
 # (slurm_protocol_defs.c: COMPLETING, CONFIGURING, RESIZING, REQUEUED, ... come first).
 _FLAG_NAMES_HOLDING_NODES = frozenset({"CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING"})
+# Flags that mean the job is queued again: slurmctld's job requeue sets JOB_PENDING with
+# JOB_REQUEUE (while the old run's nodes finish), JOB_REQUEUE_HOLD (`scontrol requeuehold`),
+# JOB_SPECIAL_EXIT, JOB_REQUEUE_FED; a reservation's deletion holds it (RESV_DEL_HOLD). A job
+# STOPPED by SIGSTOP keeps its allocation.
+_FLAG_NAMES_BASE = {
+    "REQUEUED": "PENDING",
+    "REQUEUE_HOLD": "PENDING",
+    "REQUEUE_FED": "PENDING",
+    "SPECIAL_EXIT": "PENDING",
+    "RESV_DEL_HOLD": "PENDING",
+    "STOPPED": "RUNNING",
+}
 # States in which the job holds its nodes, so where it landed can be judged. A CONFIGURING job
 # (nodes booting) already has them; a COMPLETING one is releasing them and is left out.
 ALLOCATED_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING"})
@@ -87,6 +106,14 @@ class SlurmJob:
     start_time: float | None
     api_version: str  # "v0.0.38" ... from meta.plugin, "" when absent
     problems: tuple[str, ...] = field(default=())
+    restart_count: int | None = None  # restart_cnt: times slurmctld requeued it (None: absent)
+    account: str = ""
+    end_time: float | None = None  # when it ended (or, while running, its time limit)
+    suspend_time: float | None = None  # its last suspension or resumption
+    preempt_time: float | None = None  # when slurmctld chose it for preemption
+    # The base state was inferred from the one flag job_state_string() printed (v0.0.38/39):
+    # a COMPLETING job read as COMPLETED may be ending any way (cancelled, requeued, ...).
+    state_from_flag: bool = False
 
     @property
     def allocated(self) -> bool:
@@ -147,7 +174,7 @@ def _api_version(meta: Any) -> str:
 def _job(entry: Mapping[str, Any], version: str, index: int) -> SlurmJob:
     problems: list[str] = []
     job_id = _job_id(entry, problems, index)
-    state, flags = _state(entry.get("job_state"), problems)
+    state, flags, inferred = _state(entry.get("job_state"), problems)
     nodes = _nodes(entry, problems)
     switches = _number(entry.get("required_switches"), "required_switches", problems)
     if switches is None:
@@ -177,7 +204,13 @@ def _job(entry: Mapping[str, Any], version: str, index: int) -> SlurmJob:
         submit_time=_time(entry.get("submit_time"), "submit_time", problems),
         start_time=_time(entry.get("start_time"), "start_time", problems),
         api_version=version,
-        problems=tuple(problems),
+        restart_count=_number(entry.get("restart_cnt"), "restart_cnt", problems),
+        account=_text(entry.get("account")),
+        end_time=_time(entry.get("end_time"), "end_time", problems),
+        suspend_time=_time(entry.get("suspend_time"), "suspend_time", problems),
+        preempt_time=_time(entry.get("preempt_time"), "preempt_time", problems),
+        state_from_flag=inferred,
+        problems=tuple(problems),  # last: the readings above may add to them
     )
 
 
@@ -193,27 +226,31 @@ def _job_id(entry: Mapping[str, Any], problems: list[str], index: int) -> str:
     return str(job_id)
 
 
-def _state(value: Any, problems: list[str]) -> tuple[str, frozenset[str]]:
-    """(base state, flags) from a string (v0.0.38/39) or a list (v0.0.40+)."""
+def _state(value: Any, problems: list[str]) -> tuple[str, frozenset[str], bool]:
+    """(base state, flags, whether the base was inferred from a flag) from a string
+    (v0.0.38/39) or a list (v0.0.40+)."""
     if isinstance(value, str):
         words = [value.strip().upper()]
     elif isinstance(value, list) and all(isinstance(word, str) for word in value):
         words = [word.strip().upper() for word in value]
     else:
         problems.append(f"unknown: job_state {_short(value)}")
-        return "", frozenset()
+        return "", frozenset(), False
     base = [word for word in words if word in BASE_STATES]
     flags = frozenset(word for word in words if word and word not in BASE_STATES)
     if base:
-        return base[0], flags
+        return base[0], flags, False
     if flags & _FLAG_NAMES_HOLDING_NODES:
         # job_state_string() printed a flag: such a job has been allocated nodes.
-        return ("RUNNING" if "COMPLETING" not in flags else "COMPLETED"), flags
+        return ("RUNNING" if "COMPLETING" not in flags else "COMPLETED"), flags, True
+    named = sorted({_FLAG_NAMES_BASE[f] for f in flags if f in _FLAG_NAMES_BASE})
+    if len(named) == 1:
+        return named[0], flags, True
     if words == [""] or not words:
         problems.append("unknown: empty job_state")
-        return "", flags
+        return "", flags, False
     problems.append(f"unknown: job_state {_short(value)}")
-    return "", flags
+    return "", flags, False
 
 
 def _nodes(entry: Mapping[str, Any], problems: list[str]) -> tuple[str, ...]:
