@@ -1,4 +1,4 @@
-"""The seven topowatch dashboards. Each answers one question (README, "## Dashboards"); every
+"""The seven topowatch dashboards. Each answers one question (docs/dashboards/index.md); every
 query reads only series topowatch exposes (tests/deploy/test_dashboards.py checks that) plus
 Prometheus' own `up`."""
 
@@ -1210,8 +1210,8 @@ def quota() -> db.Dashboard:
 
 
 def goodput() -> db.Dashboard:
-    """How much GPU time the cluster loses, to what and where (README, "Goodput and
-    reliability" has the definitions)."""
+    """How much GPU time the cluster loses, to what and where (docs/goodput.md has the
+    definitions)."""
     t = f'{C}, team=~"$team"'
     to_node = link_to(
         "node", "Node hardware for ${__data.fields.node}", "var-node=${__data.fields.node}"

@@ -12,7 +12,7 @@ What a read costs is what NVML costs (on an H100, driver 580: `nvmlDeviceGetViol
 * everything nvml.h defines a field id for is in the one batch per GPU per poll;
 * total energy (~4.2 ms however it is read, field 83 or its own call) is read every
   `energy_interval` s (120) and GPM profiling every `gpm_interval` s (60), staggered across the
-  GPUs; between reads the last value is served, never older than its interval (README, "What
+  GPUs; between reads the last value is served, never older than its interval (docs/node-agent.md, "What
   NVML costs"). Everything else is read every poll. At 5 s that is about 1.4 ms of NVML a GPU
   a poll on an H100 by the per-call costs above (13 ms before; energy every 60 s would be 1.55).
 
@@ -111,7 +111,7 @@ log = logging.getLogger(__name__)
 
 INIT_RETRY_SECONDS = 60.0
 EVENT_WAIT_MS = 500
-DEADLINE_SECONDS = 3.0  # a read still running after this is served as hung (README)
+DEADLINE_SECONDS = 3.0  # a read still running after this is served as hung (docs/node-agent.md)
 ENERGY_INTERVAL_SECONDS = 120.0  # total energy: ~4.2 ms a GPU however it is read
 GPM_INTERVAL_SECONDS = 60.0  # GPM metrics: nvmlGpmMetricsGet ~1.9 ms a GPU
 STALE_LIMIT_SECONDS = 300.0  # last good values served while NVML hangs, at most this long
