@@ -12,9 +12,10 @@ What a read costs is what NVML costs (on an H100, driver 580: `nvmlDeviceGetViol
 * everything nvml.h defines a field id for is in the one batch per GPU per poll;
 * total energy (~4.2 ms however it is read, field 83 or its own call) is read every
   `energy_interval` s (120) and GPM profiling every `gpm_interval` s (60), staggered across the
-  GPUs; between reads the last value is served, never older than its interval (docs/node-agent.md, "What
-  NVML costs"). Everything else is read every poll. At 5 s that is about 1.4 ms of NVML a GPU
-  a poll on an H100 by the per-call costs above (13 ms before; energy every 60 s would be 1.55).
+  GPUs; between reads the last value is served, never older than its interval
+  (docs/node-agent.md, "What NVML costs"). Everything else is read every poll. At 5 s that is
+  about 1.4 ms of NVML a GPU a poll on an H100 by the per-call costs above (13 ms before; energy
+  every 60 s would be 1.55).
 
 NVML runs on its own thread (`nvml-read`): `read()` waits for it at most `deadline` seconds
 (3). A call that does not return by then (a wedged driver) never holds up the poll, the kernel
