@@ -266,6 +266,51 @@ def test_a_scale_up_preempted_before_its_pods_are_ready_fails_at_that_phase() ->
     assert model.elastic.failures_total == {(CQ, "ready"): 1}
 
 
+def base_state(rv: str, evicted: float | None = None, readmitted: float | None = None) -> Any:
+    """The base Workload: admitted at T0 + 5, re-admitted at `readmitted` (Kueue's
+    SetQuotaReservation turns Evicted back to False), preempted at `evicted` (Kueue writes
+    Evicted=True, reason Preempted, while Admitted still reads True)."""
+    workload = increment("llama-base", 2, T0, admitted=readmitted or T0 + 5, rv=rv)
+    conditions = workload["status"]["conditions"]
+    if readmitted is not None:
+        conditions.append(s.condition("Evicted", "False", "QuotaReserved", "", readmitted))
+    if evicted is not None:
+        conditions[:] = [c for c in conditions if c["type"] != "Evicted"]
+        conditions.append(
+            s.condition("Evicted", "True", "Preempted", "Preempted to accommodate", evicted)
+        )
+    return workload
+
+
+def test_a_workload_preempted_again_after_its_job_was_deleted_is_still_a_scale_down() -> None:
+    """Issue 16's rule (reference 1.7: eviction `Preempted` of an owned Workload is a down): a
+    Workload requeued, re-admitted and preempted again keeps its UID and makes one more
+    preemption-driven scale-down per eviction. Each kind has its own watch, in no order
+    against another's: when the owner deletes the job right after the preemption, the job's
+    DELETED can arrive before the Workload's eviction. The job was elastic when Kueue evicted
+    its Workload; its deletion does not undo that. The Workload's deletion that follows is the
+    garbage collector's, no scale event (judgment_accuracy --seed 3, step 300)."""
+    model = cluster()
+    running_base(model)
+    model.apply("Workload", "MODIFIED", base_state("2", evicted=T0 + 200), T0 + 200)
+    for i in range(2):
+        model.apply("Pod", "DELETED", hp_pod(f"llama-{i}", f"n{i}", T0 + 20), T0 + 201)
+    model.apply("Workload", "MODIFIED", base_state("3", readmitted=T0 + 300), T0 + 300)
+    for i in range(2):
+        model.apply("Pod", "ADDED", hp_pod(f"llama-{i}", f"n{i + 2}", T0 + 320), T0 + 320)
+    model.apply("HyperPodPyTorchJob", "DELETED", hp_job(target=2, restart=T0 + 330), T0 + 400)
+    evicted = base_state("4", evicted=T0 + 400, readmitted=T0 + 300)
+    model.apply("Workload", "MODIFIED", evicted, T0 + 400)
+    job = model.elastic.jobs[(NS, "HyperPodPyTorchJob", "llama")]
+    downs = [(e.from_replicas, e.to_replicas, e.cause, e.time) for e in job.events]
+    assert downs == [(2, 0, "preemption", T0 + 200), (2, 0, "preemption", T0 + 400)]
+    for i in range(2):
+        model.apply("Pod", "DELETED", hp_pod(f"llama-{i}", f"n{i + 2}", T0 + 320), T0 + 401)
+    model.apply("Workload", "DELETED", evicted, T0 + 402)
+    assert model.elastic.events_total == {("down", "preemption", CQ): 2}
+    assert (NS, "HyperPodPyTorchJob", "llama") not in model.elastic.jobs
+
+
 @pytest.mark.parametrize(
     ("status_after", "expected"),
     [

@@ -154,6 +154,9 @@ class JobState:
     )
     problems: dict[str, str] = field(default_factory=dict)  # source -> why its size is unknown
     unseen: str = ""  # why its HyperPodPyTorchJob spec is unknown (not a problem: unseen)
+    # Its HyperPodPyTorchJob was elastic when deleted: Workloads still listed are judged as
+    # the job's (see on_hyperpod_job).
+    deleted_elastic: bool = False
     generation_changed: float | None = None
     gpus_seen_per_replica: int = 0
     # Per Workload: whether it was first seen live, and the admission its status remembers.
@@ -319,6 +322,14 @@ class ElasticBook:
         if spec is None:
             job = self.jobs.get(job_key)
             if job is not None:
+                # One informer per kind: the job's watch has no order against its Workloads',
+                # so an eviction Kueue made while the job was elastic can arrive after the
+                # job's deletion (its owner deleting it right after a preemption). The job was
+                # elastic then; its deletion does not undo that: an owned Workload evicted
+                # with reason Preempted is still a scale-down (issue 16; reference 1.7). Its
+                # Workloads' own deletions that follow are the garbage collector's, not scale
+                # events (`_derives` reads the live spec only).
+                job.deleted_elastic = job.spec is not None and job.spec.elastic
                 job.spec = None
                 job.problems.pop("spec", None)
                 self._check_owner(job)
@@ -328,6 +339,7 @@ class ElasticBook:
         old = job.spec
         job.spec = spec
         job.unseen = ""
+        job.deleted_elastic = False
         if spec.uid:
             job.uid = spec.uid
             self._by_uid[spec.uid] = job_key
@@ -422,7 +434,7 @@ class ElasticBook:
             job.evidence[new.name] = evidence
         self._check_owner(job)
         if job.kind == HYPERPOD_KIND:
-            if job.elastic:
+            if job.elastic or job.deleted_elastic:
                 job.derived = True
                 self._hyperpod_workload(job, old, new, before, now, live)
             # Not elastic: no scale events. Spec unseen: judged once it is (_derive).
