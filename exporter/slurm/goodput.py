@@ -1109,8 +1109,10 @@ class SlurmGoodput:
             state, final = "PENDING", True
         elif status == "stopping" and not job.state_from_flag:
             state = job.state
-        elif status in ("running", "restarting", "suspended") and grew and not final:
-            state, final = "PENDING", True  # requeued and started again since
+        elif status in ("running", "restarting", "suspended") and not final:
+            # Holding nodes again after a stop: only a requeue restarts the same job id, so
+            # it was requeued and started again since (its PENDING fell between two reads).
+            state, final = "PENDING", True
         new = replace(
             facts,
             state=state,

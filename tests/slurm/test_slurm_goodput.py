@@ -456,6 +456,16 @@ ROWS = [
         (("unknown", ""),),
         "requeued (restart count +1)",
     ),
+    Row(
+        "COMPLETING with restart_cnt + 1, then RUNNING again: its PENDING fell between reads",
+        (
+            Read(30),
+            Read(60, "COMPLETED+COMPLETING", restart_cnt=1, end=10**9),
+            Read(90, restart_cnt=1, start=85),
+        ),
+        (("unknown", ""),),
+        "requeued (restart count +1)",
+    ),
 ]
 
 
