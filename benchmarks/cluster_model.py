@@ -3,7 +3,8 @@
 Synthetic cluster of 2,000 p5 nodes (16,000 GPUs), 10,000 workloads, 50,000 pods, fed through
 the ClusterModel exactly as the informers deliver it (plain dicts). Prints figures; never
 passes or fails. The side-by-side baseline is the obvious design the issue rules out: recount
-every domain from every pod on each event.
+every domain from every pod on each event. The goodput ledger (issue 29) is weighed against the
+model alone on the same stream: the per-event cost it adds.
 
     .venv/bin/python benchmarks/cluster_model.py [--nodes 2000] [--workloads 10000] [--pods 50000]
 """
@@ -25,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exporter.cluster.explain import explain_text
+from exporter.cluster.goodput import GoodputBook
 from exporter.cluster.metrics import render as metrics
 from exporter.cluster.model import ClusterModel, is_live
 from exporter.cluster.views.workloads import workload_view
@@ -145,6 +147,42 @@ def explain_seconds(model: ClusterModel, samples: int = 300) -> tuple[float, flo
     return statistics.median(times), times[int(len(times) * 0.99)]
 
 
+def goodput_overhead(
+    objects: dict[str, list[dict[str, Any]]],
+    events: int = 30_000,
+    chunk: int = 500,
+    spacing_ms: int = 0,
+) -> tuple[float, float]:
+    """Seconds per event of the model without and with the goodput ledger attached
+    (`GoodputBook`, issue 29), in one run: two models fed the same objects kind by kind, then
+    the same stream in alternating chunks (which model goes first alternates too), on the CPU
+    clock. The stream's events are `spacing_ms` apart (0: all at one moment, as above). The
+    book settles its GPU-second ledger by the millisecond; what is left to settle at the end
+    is read out (`gpu_seconds`) and counted."""
+    plain, booked = ClusterModel(), ClusterModel()
+    book = GoodputBook()
+    book.attach(booked)
+    for kind in ORDER:
+        plain.replace(kind, objects[kind], NOW)
+        booked.replace(kind, objects[kind], NOW)
+    stream = event_stream(objects, events, seed=3)
+    gc.collect()
+    gc.freeze()
+    spent = {False: 0.0, True: 0.0}
+    for i, start in enumerate(range(0, events, chunk)):
+        part = stream[start : start + chunk]
+        for model in (plain, booked) if i % 2 == 0 else (booked, plain):
+            t = time.process_time()
+            for j, (kind, event_type, obj) in enumerate(part, start):
+                model.apply(kind, event_type, obj, NOW + j * spacing_ms / 1000)
+            spent[model is booked] += time.process_time() - t
+    t = time.process_time()
+    book.gpu_seconds(NOW + events * spacing_ms / 1000)
+    spent[True] += time.process_time() - t
+    gc.unfreeze()
+    return spent[False] / events, spent[True] / events
+
+
 def per_event_cost(nodes: int, events: int = 30_000) -> float:
     shape = SyntheticShape(nodes=nodes, workloads=nodes * 5, pods=nodes * 25)
     objects = build(shape)
@@ -198,6 +236,15 @@ def main() -> None:
     )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of this process (objects + model): {rss:.0f} MiB  (target <= 1024 MiB)")
+    del model
+    gc.collect()
+    for spacing in (0, 1):
+        plain, booked = goodput_overhead(objects, spacing_ms=spacing)
+        when = "the stream above, one moment" if spacing == 0 else "each event 1 ms after the last"
+        print(
+            f"goodput ledger attached: {(booked / plain - 1) * 100:+.0f} % per event "
+            f"({plain * 1e6:.1f} -> {booked * 1e6:.1f} us; {when})  (target <= +10 %)"
+        )
     if not args.skip_scaling:
         small = per_event_cost(500)
         large = per_event_cost(8000)

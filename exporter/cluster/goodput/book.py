@@ -10,15 +10,21 @@ node time and hardware findings that reliability is counted from (`reliability`)
 
 Costs per event are O(what the event touches): a pod's job, a node's pods, a Workload's job;
 the attribution of the few interruptions not yet settled is redone only when evidence
-changed. Memory is bounded: ended jobs are kept `RETAIN_S` (and at most `MAX_JOBS` jobs), the
-history store keeps the rest.
+changed. The common events take a short way: a status update that changes nothing read, a pod
+bound to another node with nothing else changed (its GPUs move between the nodes' counts, its
+job is left alone), a re-written Workload or Node equal to the one before; the GPU-second
+ledger settles nodes by the millisecond (tests/cluster/goodput/test_cost_paths.py holds the
+short ways to the long ones' answers). The figure is benchmarks/cluster_model.py's "goodput
+ledger attached". Memory is bounded: ended jobs are kept `RETAIN_S` (and at most `MAX_JOBS`
+jobs), the history store keeps the rest.
 
 Nothing here raises into the model: it guards its own calls (`ClusterModel._observe`).
 """
 
 from __future__ import annotations
 
-from collections import deque
+import math
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final, Protocol
@@ -148,7 +154,10 @@ class GoodputBook:
         self.jobs: dict[JobKey, JobTrack] = {}
         self._pods: dict[tuple[str, str], PodFact] = {}
         self._workloads: dict[tuple[str, str], Workload] = {}
-        self._raw: dict[tuple[str, str], object] = {}  # each Workload's annotations and labels
+        # Each Workload's annotations and labels as written (where a checkpoint may be):
+        # compared, not parsed, on the hot path.
+        self._annotations: dict[tuple[str, str], object] = {}
+        self._labels: dict[tuple[str, str], object] = {}
         self._wl_job: dict[tuple[str, str], JobKey] = {}
         self._uid_job: dict[str, JobKey] = {}
         # GPU pods whose job is not known yet (their Workload not seen): by the groups a
@@ -157,23 +166,37 @@ class GoodputBook:
         self._parked_by_pod: dict[tuple[str, str], tuple[object, ...]] = {}
         self._facts: dict[str, NodeFacts] = {}
         self._node_events: dict[str, deque[NodeEvent]] = {}
-        self._node_place: dict[str, tuple[tuple[tuple[str, str], ...], str, str, str, str]] = {}
+        # Each node's (flavor, domain, instance type, UltraServer), and the labels it was
+        # worked out from (recomputed when they change).
+        self._node_place: dict[str, tuple[str, str, str, str]] = {}
+        self._node_labels: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._why: dict[str, str] = {}  # why each node's free GPUs are unavailable ("": not)
         self._unsettled: list[JobKey] = []
         self._watch: dict[str, set[tuple[JobKey, str]]] = {}  # node -> (job, entry id)
         self._epoch = 0
         self._judged_epoch: dict[JobKey, int] = {}
+        self._map_epoch = 0  # moves with every change of _wl_job, _uid_job, or which jobs exist
+        # `tick` has work only when evidence changed (the epoch) or an entry is due to settle:
+        # the epoch and the earliest settle time as of its last full pass.
+        self._ticked_epoch = -1
+        self._next_due = 0.0
         self.gpu_ledger = GpuSecondLedger()
         self.reliability_book = ReliabilityBook(
             self.config.repeat_findings, self.config.repeat_window_s
         )
-        self._last_prune: float | None = None
+        self._last_prune = -math.inf  # never
         self._latest = 0.0
+        self._latest_ms = 0
         # Persistence: what changed since `dirty_rows` last collected.
         self.on_change: Callable[[], None] | None = None
         self._dirty_entries: set[tuple[JobKey, str]] = set()
         self._dirty_jobs: set[JobKey] = set()
         self._new_findings: list[Any] = []
         self.problems: dict[str, int] = {}
+        # Interruptions that settled in this process by (cause, component, team), completions
+        # left out, like `ClusterModel.preemption_counts`: topowatch_interruptions_total.
+        self.interruptions_total: Counter[tuple[str, str, str]] = Counter()
+        self._restored: set[str] = set()  # entries restored unsettled: never counted
 
     # --- wiring ---------------------------------------------------------------------------
 
@@ -186,28 +209,38 @@ class GoodputBook:
         """One watch event the model has applied."""
         if self._model is None or kind not in OBSERVED_KINDS:
             return
-        now = max(now, self._latest)
-        self._latest = now
-        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-        if not isinstance(meta, Mapping):
-            return
-        name = meta.get("name")
-        namespace = meta.get("namespace")
-        name = name if isinstance(name, str) else ""
-        namespace = namespace if isinstance(namespace, str) else ""
+        if now > self._latest:
+            self._latest = now
+            self._latest_ms = to_ms(now)
+        else:
+            now = self._latest
+        meta = obj.get("metadata") if type(obj) is dict else None
+        if type(meta) is dict:  # what the informers deliver: the usual case, quickly
+            namespace = meta.get("namespace", "")
+            name = meta.get("name", "")
+            key = (
+                namespace if type(namespace) is str else "",
+                name if type(name) is str else "",
+            )
+        else:
+            found = _key_of(obj)
+            if found is None:
+                return
+            key = found
         if kind == "Pod":
-            self._pod(event_type, (namespace, name), now)
+            self._pod(event_type, key, now)
         elif kind == "Workload":
-            self._workload(event_type, (namespace, name), obj, now)
+            self._workload(event_type, key, obj, now)
         elif kind == "Node":
-            self._node(event_type, name, obj, now)
+            self._node(event_type, key[1], obj, now)
         elif kind == "HyperPodPyTorchJob":
-            self._owner(event_type, (namespace, "HyperPodPyTorchJob", name), obj)
-        elif kind == "Event":
+            self._owner(event_type, (key[0], "HyperPodPyTorchJob", key[1]), obj)
+        else:  # an Event
             self._epoch += 1  # a Preempted Event may complete a preemption's ledger entry
-        if self._unsettled or self._last_prune is None or now - self._last_prune >= PRUNE_EVERY_S:
+        if (
+            self._unsettled and (self._epoch != self._ticked_epoch or now >= self._next_due)
+        ) or now - self._last_prune >= PRUNE_EVERY_S:
             self.tick(now)
-        self.gpu_ledger.flush()
 
     # --- reads (the public API: see the package's docstring) ------------------------------
 
@@ -263,6 +296,11 @@ class GoodputBook:
     def is_repeat_offender(self, node: str, now: float) -> bool:
         return self.reliability_book.is_repeat_offender(node, now)
 
+    def hardware_incidents(self, now: float) -> dict[str, int]:
+        """Hardware incidents per node within the repeat-offender window before `now` (only
+        nodes with one): topowatch_node_hardware_incidents."""
+        return self.reliability_book.hardware_incidents(now)
+
     def repeat_offender_reason(self, node: str, now: float) -> str:
         """Why the remediation ladder should replace `node` rather than reboot it again ("" when
         it should not): what `RemediationController.repeat_offender` asks."""
@@ -310,6 +348,7 @@ class GoodputBook:
                 bad += 1
                 continue
             self.jobs[track.key] = track
+            self._map_epoch += 1
         entries: dict[JobKey, list[Interruption]] = {}
         for data in interruptions:
             entry = durable.interruption_from(data)
@@ -321,12 +360,15 @@ class GoodputBook:
             track = self.jobs.get(key)
             if track is None:
                 track = self.jobs[key] = JobTrack(key, ended=True)
+                self._map_epoch += 1
             track.interruptions = sorted(found, key=lambda e: _ordinal(e.id))
             if track.open is not None and track.open >= len(track.interruptions):
                 track.open = None
             for entry in track.interruptions:
                 if not entry.settled:
                     self._unsettle(key)
+                    self._restored.add(entry.id)
+        self._ticked_epoch = -1  # the next event ticks: what was restored is judged anew
         restored = []
         for data in findings:
             finding = durable.finding_from(data)
@@ -351,17 +393,48 @@ class GoodputBook:
         assert self._model is not None
         pod = None if event_type == "DELETED" else self._model.pods.get(key)
         old = self._pods.get(key)
-        if (
-            old is not None
-            and pod is not None
-            and old.job is not None
-            and old.node == pod.node
-            and old.gpus == pod.gpus
-            and old.holds == pod.holds_gpus
-            and old.ready == (pod.ready_since is not None and pod.holds_gpus)
-            and old.workload == pod.workload
-        ):
-            return  # a status update the ledger does not read
+        if old is not None and pod is not None and old.job is not None:
+            node = pod.node
+            if (
+                node
+                and old.node
+                and old.phase == pod.phase
+                and old.gpus == pod.gpus
+                and old.ready is (old.holds and pod.ready_since is not None)
+                and old.workload == pod.workload
+            ):
+                # On a node before and after, in the same phase with the same GPUs: it holds
+                # them as it did (`Pod.holds_gpus`), and is as Ready as it was.
+                if old.node == node:
+                    return  # a status update the ledger does not read
+                # Bound anew, nothing else the ledger reads changed: its GPUs move to the new
+                # node under the same slot, its job is left as it was (its counts do not move,
+                # and `_evaluate` of unchanged counts changes nothing: it ran after their last
+                # change), unless it was a Ready pod of a running job (an interruption).
+                owner = old.job
+                track = self.jobs.get(owner)
+                if (
+                    track is not None
+                    and not (old.ready and track.running)
+                    and key in track.pods
+                    and self._same_job(old, pod)
+                ):
+                    if old.slot is not None:
+                        self.gpu_ledger.transfer(
+                            old.node, node, old.slot, old.gpus, self._latest_ms
+                        )
+                    old.node = node
+                    return
+            else:
+                holds = pod.holds_gpus
+                if (
+                    old.node == node
+                    and old.gpus == pod.gpus
+                    and old.holds is holds
+                    and old.ready is (holds and pod.ready_since is not None)
+                    and old.workload == pod.workload
+                ):
+                    return  # a status update the ledger does not read
         self._pods.pop(key, None)
         # A pod that stays on its node with the same GPUs hands its slot to its new fact: one
         # move in the GPU-second ledger, from the old category to the new.
@@ -389,6 +462,11 @@ class GoodputBook:
                 pod.holds_gpus,
                 pod.workload,
                 old.slot if same_place and old is not None else None,
+                pod.phase,
+                pod.owner,
+                pod.owner_uid,
+                pod.job_uid,
+                self._map_epoch,
             )
             self._pods[key] = fact
             if job is None and pod.gpus > 0:
@@ -412,6 +490,22 @@ class GoodputBook:
             self._evaluate(job, now)
         if fact is not None:
             self._set_slot(fact, self._slot(fact))
+
+    def _same_job(self, fact: PodFact, pod: Pod) -> bool:
+        """Whether `_job_of_pod(pod)` is `fact.job`: known without looking when the pod's
+        owners and the book's job maps are as they were when it was looked up."""
+        if (
+            fact.epoch == self._map_epoch
+            and fact.owner == pod.owner
+            and fact.owner_uid == pod.owner_uid
+            and fact.job_uid == pod.job_uid
+        ):
+            return True
+        if self._job_of_pod(pod) != fact.job:
+            return False
+        fact.owner, fact.owner_uid, fact.job_uid = pod.owner, pod.owner_uid, pod.job_uid
+        fact.epoch = self._map_epoch
+        return True
 
     def _attach(self, key: tuple[str, str], fact: PodFact) -> None:
         track = self.jobs.get(fact.job) if fact.job is not None else None
@@ -477,8 +571,10 @@ class GoodputBook:
         assert self._model is not None
         if event_type == "DELETED":
             old = self._workloads.pop(key, None)
-            self._raw.pop(key, None)
+            self._annotations.pop(key, None)
+            self._labels.pop(key, None)
             job = self._wl_job.pop(key, None)
+            self._map_epoch += 1
             self.gpu_ledger.remove_demand(key, now)
             if job is None or old is None:
                 return
@@ -499,23 +595,38 @@ class GoodputBook:
             return
         workload = state.workload
         old = self._workloads.get(key)
-        raw = _annotations_of(obj)
-        if old is not None and old == workload and self._raw.get(key) == raw:
-            return  # a re-write the ledger reads nothing new in
-        self._raw[key] = raw
+        meta = obj.get("metadata")
+        annotations = labels = None
+        if type(meta) is dict or isinstance(meta, Mapping):
+            annotations, labels = meta.get("annotations"), meta.get("labels")
+        unchanged = (
+            old is not None
+            and (old is workload or old == workload)
+            and self._annotations.get(key) == annotations
+            and self._labels.get(key) == labels
+        )
+        # Hold the model's copy, not the old one (which only this book would keep alive).
         self._workloads[key] = workload
+        self._annotations[key] = annotations
+        self._labels[key] = labels
+        if unchanged:
+            return  # a re-write the ledger reads nothing new in
         job = job_key_of(workload)
-        self._wl_job[key] = job
+        if self._wl_job.get(key) != job:
+            self._wl_job[key] = job
+            self._map_epoch += 1
         track = self.jobs.get(job)
         if track is None:
             track = self.jobs[job] = JobTrack(job, phase_since_ms=to_ms(now))
+            self._map_epoch += 1
         if track.ended and not workload.is_true("Finished"):
             track.ended = False  # a job resumed with a new Workload (or a re-used name)
             track.finished_at = None
         track.workloads[key[1]] = workload.created if workload.created is not None else now
         for uid in (workload.owner_uid, workload.job_uid, workload.uid):
-            if uid:
+            if uid and self._uid_job.get(uid) != job:
                 self._uid_job[uid] = job
+                self._map_epoch += 1
         self._claim_parked(job, workload)
         self._diff_workload(track, old, workload, now)
         slotting = (track.team, track.absorbing, track.base_workload)
@@ -663,6 +774,7 @@ class GoodputBook:
             first = min(track.workloads, key=lambda n: track.workloads[n], default="")
             entry = track.open_interruption(now, ms, first, nodes)
             self._unsettle(job)
+            self._next_due = min(self._next_due, entry.stopped_at + SETTLE_S)
             for node in nodes:
                 self._watch.setdefault(node, set()).add((job, entry.id))
             self._dirty_entries.add((job, entry.id))
@@ -701,7 +813,10 @@ class GoodputBook:
 
     def tick(self, now: float) -> None:
         """Re-attribute what is not settled yet (new evidence) and settle what is due; prune
-        ended jobs now and then. Called on every `observe`; call it on a timer too."""
+        ended jobs now and then. `observe` calls it when evidence changed (the epoch) or an
+        entry is due to settle; call it on a timer too."""
+        self._ticked_epoch = self._epoch
+        next_due = float("inf")
         for job in list(self._unsettled):
             track = self.jobs.get(job)
             if track is None:
@@ -715,7 +830,11 @@ class GoodputBook:
                 now >= e.stopped_at + SETTLE_S for e in due
             ):
                 self._judge(track, now)
-        if self._last_prune is None or now - self._last_prune >= PRUNE_EVERY_S:
+            for e in track.interruptions:
+                if not e.settled and e.stopped_at + SETTLE_S < next_due:
+                    next_due = e.stopped_at + SETTLE_S
+        self._next_due = next_due
+        if now - self._last_prune >= PRUNE_EVERY_S:
             self._last_prune = now
             self._prune(now)
 
@@ -759,6 +878,10 @@ class GoodputBook:
                 track.interruptions[index] = updated
                 self._dirty_entries.add((track.key, entry.id))
                 self._changed()
+            if settled:
+                if updated.counted and entry.id not in self._restored:
+                    self.interruptions_total[(updated.cause, updated.component, updated.team)] += 1
+                self._restored.discard(entry.id)
 
     def _stop_of(self, track: JobTrack, entry: Interruption) -> Stop:
         alive = [
@@ -843,11 +966,12 @@ class GoodputBook:
 
     def _node(self, event_type: str, name: str, obj: Mapping[str, Any], now: float) -> None:
         assert self._model is not None
-        events = self._node_events.setdefault(name, deque(maxlen=NODE_EVENTS))
         if event_type == "DELETED":
             self._facts.pop(name, None)
+            self._why.pop(name, None)
             self._node_place.pop(name, None)
-            events.append(NodeEvent(now, name, "deleted"))
+            self._node_labels.pop(name, None)
+            self._events_of(name).append(NodeEvent(now, name, "deleted"))
             self._epoch += 1
             self.gpu_ledger.remove_node(name, now)
             self.reliability_book.node_gone(name, now)
@@ -858,57 +982,76 @@ class GoodputBook:
             return
         before = self._facts.get(name)
         facts = node_facts(obj, node.scheduled_event, before)
+        if facts is before or facts == before:  # nothing read changed: its place, at most
+            self._seen(name, node, self._why[name], now)
+            return
         self._facts[name] = facts
+        was = self._why.get(name, "")
+        why = self._why[name] = facts.unavailable()
         if facts.findings_problem and (before is None or not before.findings_problem):
             self.problems["findings_unreadable"] = self.problems.get("findings_unreadable", 0) + 1
-        known = {f.key for f in before.findings} if before is not None else set()
         new_events: list[NodeEvent] = []
-        for finding in facts.findings:
-            if finding.key not in known:
-                new_events.append(NodeEvent(finding.first_seen, name, "finding", finding=finding))
-                if self.reliability_book.finding(finding):
-                    self._new_findings.append(finding)
-        if before is not None:
-            for action, was, is_ in (
-                (facts.remediation, before.remediation, facts.remediation),
-                ("deep_health_check", before.deep_check, facts.deep_check),
-            ):
-                if is_ and not was:
-                    new_events.append(NodeEvent(now, name, "action", action=str(action)))
-            if facts.cordoned and not before.cordoned and not facts.remediation:
+        if before is None or facts.findings is not before.findings:
+            known = {f.key for f in before.findings} if before is not None else set()
+            for finding in facts.findings:
+                if finding.key not in known:
+                    new_events.append(
+                        NodeEvent(finding.first_seen, name, "finding", finding=finding)
+                    )
+                    if self.reliability_book.finding(finding):
+                        self._new_findings.append(finding)
+        if before is None:
+            self._events_of(name)  # made at first sight, as the node's other state is
+        else:
+            remediation = facts.remediation
+            if remediation and not before.remediation:
+                new_events.append(NodeEvent(now, name, "action", action=remediation))
+            if facts.deep_check and not before.deep_check:
+                new_events.append(NodeEvent(now, name, "action", action="deep_health_check"))
+            if facts.cordoned and not before.cordoned and not remediation:
                 new_events.append(NodeEvent(now, name, "action", action="cordon"))
             if before.ready and not facts.ready:
                 new_events.append(NodeEvent(now, name, "not_ready"))
             if facts.ready and not before.ready:
                 new_events.append(NodeEvent(now, name, "ready"))
-            if before.unavailable() and not facts.unavailable():
+            if was and not why:
                 new_events.append(NodeEvent(now, name, "back"))
         if new_events:
-            events.extend(sorted(new_events, key=lambda e: e.time))
+            self._events_of(name).extend(sorted(new_events, key=lambda e: e.time))
             self._epoch += 1
-        place = self._place(name, node)
-        self.reliability_book.node_seen(name, place[3], place[2], place[4], now)
-        self._refresh_node(name, now)
+        self._seen(name, node, why, now)
         if new_events:
             self._refresh_watchers(name)
 
-    def _place(self, name: str, node: Node) -> tuple[Any, str, str, str, str]:
-        """(labels, flavor, domain, instance type, UltraServer), recomputed when labels move."""
+    def _events_of(self, node: str) -> deque[NodeEvent]:
+        events = self._node_events.get(node)
+        if events is None:
+            events = self._node_events[node] = deque(maxlen=NODE_EVENTS)
+        return events
+
+    def _seen(self, name: str, node: Node, why: str, now: float) -> None:
+        """The node's place for reliability, its state in the GPU-second ledger."""
+        place = self._place(name, node)
+        self.reliability_book.node_seen(name, place[2], place[1], place[3], now)
+        self.gpu_ledger.set_node(name, place[0], place[1], node.allocatable_gpus, why, now)
+
+    def _place(self, name: str, node: Node) -> tuple[str, str, str, str]:
+        """(flavor, domain, instance type, UltraServer), recomputed when labels move."""
         assert self._model is not None
         cached = self._node_place.get(name)
-        if cached is not None and cached[0] == node.labels:
-            return cached
+        if cached is not None:
+            labels = self._node_labels[name]
+            if labels is node.labels:
+                return cached
+            if labels == node.labels:  # the same, parsed anew: hold the model's copy
+                self._node_labels[name] = node.labels
+                return cached
         placement = self._model.tree.placement(name)
         domain = placement.layers[-1] if placement is not None and placement.layers else ""
         flavor = idle.flavor_of(node, self._model.flavors.values())
-        value = (
-            node.labels,
-            flavor,
-            domain,
-            node.label(INSTANCE_TYPE_KEY),
-            node.label(ULTRASERVER_KEY),
-        )
+        value = (flavor, domain, node.label(INSTANCE_TYPE_KEY), node.label(ULTRASERVER_KEY))
         self._node_place[name] = value
+        self._node_labels[name] = node.labels
         return value
 
     def _refresh_watchers(self, node: str) -> None:
@@ -935,19 +1078,6 @@ class GoodputBook:
         if not watchers:
             self._watch.pop(node, None)
 
-    def _refresh_node(self, name: str, now: float) -> None:
-        """The node's own state in the GPU-second ledger (its pods move their GPUs there
-        themselves, `_set_slot`)."""
-        assert self._model is not None
-        node = self._model.nodes.get(name)
-        facts = self._facts.get(name)
-        if node is None or facts is None:
-            return
-        place = self._place(name, node)
-        self.gpu_ledger.set_node(
-            name, place[1], place[2], node.allocatable_gpus, facts.unavailable(), now
-        )
-
     # --- housekeeping -----------------------------------------------------------------------
 
     def _changed(self) -> None:
@@ -966,6 +1096,7 @@ class GoodputBook:
             if finished > now - self.config.retain_s and index >= over:
                 break
             track = self.jobs.pop(key)
+            self._map_epoch += 1
             for pod in track.pods:
                 fact = self._pods.get(pod)
                 if fact is not None:
@@ -974,13 +1105,27 @@ class GoodputBook:
             self._judged_epoch.pop(key, None)
 
 
-def _annotations_of(obj: Mapping[str, Any]) -> object:
-    """What of an object's metadata the ledger reads besides the parsed object (a checkpoint
-    annotation or label): compared, not parsed, on the hot path."""
-    meta = obj.get("metadata")
+def _key_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """An object's (namespace, name), "" for either when absent or not a string; None when it
+    has no metadata."""
+    if type(obj) is dict:  # what the informers deliver: the usual case, quickly
+        meta = obj.get("metadata")
+        if type(meta) is dict:
+            name = meta.get("name")
+            namespace = meta.get("namespace")
+            return (
+                namespace if type(namespace) is str else "",
+                name if type(name) is str else "",
+            )
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
     if not isinstance(meta, Mapping):
         return None
-    return (meta.get("annotations"), meta.get("labels"))
+    name = meta.get("name")
+    namespace = meta.get("namespace")
+    return (
+        namespace if isinstance(namespace, str) else "",
+        name if isinstance(name, str) else "",
+    )
 
 
 def _ordinal(entry_id: str) -> int:

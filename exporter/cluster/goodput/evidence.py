@@ -19,6 +19,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Final
 
 from exporter.core.findings import FINDINGS_ANNOTATION, SEVERITIES, decode_findings
@@ -123,7 +124,7 @@ def node_facts(
     conditions = status.get("conditions")
     if isinstance(conditions, list):
         for cond in conditions:
-            if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+            if (type(cond) is dict or isinstance(cond, Mapping)) and cond.get("type") == "Ready":
                 ready = cond.get("status") == "True"
     raw = annotations.get(FINDINGS_ANNOTATION)
     if previous is not None and previous.raw_findings == raw and previous.name == name:
@@ -132,14 +133,30 @@ def node_facts(
         findings, problem = _findings(name, raw)
         if problem and previous is not None:
             findings = previous.findings
+    cordoned = spec.get("unschedulable") is True
+    health = _text(labels.get(HEALTH_KEY))
+    deep_health = _text(labels.get(DEEP_HEALTH_KEY))
+    if (
+        previous is not None
+        and findings is previous.findings
+        and ready is previous.ready
+        and cordoned is previous.cordoned
+        and health == previous.health
+        and deep_health == previous.deep_health
+        and scheduled_event == previous.scheduled_event
+        and problem == previous.findings_problem
+        and previous.name == name
+        and previous.raw_findings == raw
+    ):
+        return previous  # as it was: nothing new to hold
     return NodeFacts(
         name=name,
         findings=findings,
         findings_problem=problem,
         ready=ready,
-        cordoned=spec.get("unschedulable") is True,
-        health=_text(labels.get(HEALTH_KEY)),
-        deep_health=_text(labels.get(DEEP_HEALTH_KEY)),
+        cordoned=cordoned,
+        health=health,
+        deep_health=deep_health,
         scheduled_event=scheduled_event,
         raw_findings=raw,
     )
@@ -214,7 +231,12 @@ def parse_time(value: str) -> float | None:
 
 
 def _map(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    if type(value) is dict:  # what the informers deliver: no ABC check
+        return value
+    return value if isinstance(value, Mapping) else _EMPTY
+
+
+_EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
 def _text(value: object) -> str:

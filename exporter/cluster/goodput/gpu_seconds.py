@@ -17,8 +17,12 @@ reports no allocatable still has its pods' GPUs). Idle reasons are exact per fla
 domain only `idle` is given, since Kueue's demand waits for a flavor, not a domain (splitting it
 by domain would invent precision the cluster does not have).
 
-Each change costs O(the keys it touches): a node's contribution is diffed against what it gave
-before, a flavor's idle split is redone when its idle count or its demand changes.
+Lazily, by the millisecond: a pod's move or a node's change only updates that node's own
+counts; what the node counts for is settled (diffed against what it was counted for) when time
+moves on, or when something reads the totals. Changes within one millisecond last no time, so
+this is exact; a burst within a millisecond costs one settle per node it touched, and a read
+settles what is pending. A flavor's idle split is redone when its idle count or its demand
+changes.
 """
 
 from __future__ import annotations
@@ -51,30 +55,46 @@ def to_ms(now: float) -> int:
 
 
 class ExactIntegrator(Generic[K]):
-    """Integer count x integer milliseconds, per key; a piece is closed when its count moves.
-    Each key holds [count, since, done] in one list (one lookup an update)."""
+    """Integer count x integer milliseconds, per key, exactly.
+
+    Each key holds one cell, [count, anti]: a change of `delta` at `ms` adds `delta` to the
+    count and takes `delta * ms` from `anti`, so the integral up to `now_ms` is
+    `anti + count * now_ms` (the pieces telescope). An update is two integer operations on a
+    list the caller may keep (`cell`): the GPU-second ledger keeps each node's cells, so a
+    pod's move builds no key. Times must not go backwards (the callers' clocks never do:
+    a time before the latest is taken as the latest)."""
 
     def __init__(self) -> None:
         self._state: dict[K, list[int]] = {}
+        self._latest = 0
+
+    def cell(self, key: K) -> list[int]:
+        """The key's [count, anti], made when new: update it as `add` does, with times that
+        never go back (`count += delta; anti -= delta * ms`)."""
+        state = self._state.get(key)
+        if state is None:
+            state = self._state[key] = [0, 0]
+        return state
 
     def add(self, key: K, delta: int, now_ms: int) -> None:
         if not delta:
             return
+        if now_ms < self._latest:
+            now_ms = self._latest
+        else:
+            self._latest = now_ms
         state = self._state.get(key)
         if state is None:
-            self._state[key] = [delta, now_ms, 0]
+            self._state[key] = [delta, -delta * now_ms]
             return
-        count, since = state[0], state[1]
-        if now_ms > since:
-            if count:
-                state[2] += count * (now_ms - since)
-            state[1] = now_ms
-        state[0] = count + delta
+        state[0] += delta
+        state[1] -= delta * now_ms
 
     def totals(self, now_ms: int) -> dict[K, int]:
         out: dict[K, int] = {}
-        for key, (count, since, done) in self._state.items():
-            value = done + (count * (now_ms - since) if count and now_ms > since else 0)
+        now_ms = max(now_ms, self._latest)
+        for key, (count, anti) in self._state.items():
+            value = anti + count * now_ms
             if value:
                 out[key] = value
         return out
@@ -85,17 +105,14 @@ class ExactIntegrator(Generic[K]):
     def seed(self, done: Mapping[K, int]) -> None:
         """Start from totals a previous process wrote (a restart keeps the ledger)."""
         for key, value in done.items():
-            state = self._state.get(key)
-            if state is None:
-                self._state[key] = [0, 0, int(value)]
-            else:
-                state[2] += int(value)
+            self.cell(key)[1] += int(value)
 
 
 @dataclass(slots=True)
 class _Node:
     """One node: where it counts, its allocatable GPUs, why its free GPUs are unavailable,
-    and what its pods hold by (team, category)."""
+    what its pods hold by (team, category) now (counted as they move); and what its capacity
+    and free GPUs are counted for, as of the moment it was last settled."""
 
     flavor: str = ""
     domain: str = ""
@@ -103,14 +120,24 @@ class _Node:
     unavailable: str = ""
     held: dict[tuple[str, str], int] = field(default_factory=dict)
     used: int = 0
+    # The cells of its place by slot (`ExactIntegrator.cell`), shared by the nodes of one
+    # (flavor, domain); its capacity and free cells (None: to be looked up, its place or
+    # free category changed).
+    cells: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    cap_cell: list[int] | None = None
+    free_cell: list[int] | None = None
+    dirty: bool = False  # its capacity or free GPUs may have moved since it was settled
+    # Counted for, as of its last settle:
+    given_cap_cell: list[int] | None = None
+    given_capacity: int = 0
+    given_free_cell: list[int] | None = None
+    given_free: int = 0
+    given_flavor: str = ""
+    given_idle: int = 0  # its free GPUs counted in its flavor's idle count
 
     @property
     def capacity(self) -> int:
         return max(self.allocatable, self.used)
-
-    @property
-    def free(self) -> int:
-        return self.capacity - self.used
 
     @property
     def free_category(self) -> str:
@@ -157,7 +184,14 @@ class GpuSecondTotals:
 
 class GpuSecondLedger:
     """Told each node's state (`set_node`), each move of a pod's GPUs between categories on a
-    node (`move`), and each pending demand; integrates, exactly."""
+    node (`move`, `transfer`), and each pending demand; integrates, exactly.
+
+    What pods hold is counted as it moves (two integer operations on a cell the node keeps).
+    A node's capacity and free GPUs, which every such move changes, are settled by the
+    millisecond: a move marks the node, and a marked node's capacity, free and idle counts
+    are brought up to date once, when time moves on or something reads the ledger. Changes
+    within one millisecond last no time, so this is exact; a burst of pod moves within a
+    millisecond (a re-list, a gang) settles each node it touched once."""
 
     def __init__(self) -> None:
         self._nodes: dict[str, _Node] = {}
@@ -168,14 +202,28 @@ class GpuSecondLedger:
         self._demand: dict[Hashable, tuple[str, DemandCause, int]] = {}
         self._demand_by_flavor: dict[str, dict[str, int]] = {}
         self._split: dict[str, tuple[int, int, int, int]] = {}
-        self._unsplit: set[str] = set()  # flavors whose idle count moved, not yet re-split
         self._split_idle: dict[str, int] = {}  # the idle count each flavor was last split at
+        self._unsplit: set[str] = set()  # flavors whose idle count moved since then
+        self._dirty: list[_Node] = []  # nodes marked since they were last settled
+        self._place_cells: dict[tuple[str, str], dict[tuple[str, str], list[int]]] = {}
         self._latest = 0
+
+    def _node(self, name: str) -> _Node:
+        node = self._nodes.get(name)
+        if node is None:
+            node = self._nodes[name] = _Node(cells=self._cells_of(("", "")))
+        return node
+
+    def _cells_of(self, place: tuple[str, str]) -> dict[tuple[str, str], list[int]]:
+        cells = self._place_cells.get(place)
+        if cells is None:
+            cells = self._place_cells[place] = {}
+        return cells
 
     def _clock(self, now: float) -> int:
         ms = round(now * 1000)
         if ms > self._latest:
-            self.flush()  # a split pending from the moment before belongs to that moment
+            self.flush()  # what changed at the moment before is settled at that moment
             self._latest = ms
         return self._latest
 
@@ -190,16 +238,40 @@ class GpuSecondLedger:
     ) -> None:
         """Node `name` now: where it counts, its allocatable GPUs, and why its free GPUs are
         unavailable ("" when they are not)."""
-        node = self._nodes.get(name)
-        if node is None:
-            node = self._nodes[name] = _Node()
-        state = (flavor, domain, max(0, allocatable), unavailable)
-        if (node.flavor, node.domain, node.allocatable, node.unavailable) == state:
+        node = self._node(name)
+        allocatable = max(0, allocatable)
+        if (
+            node.flavor == flavor
+            and node.domain == domain
+            and node.allocatable == allocatable
+            and node.unavailable == unavailable
+        ):
             return
         ms = self._clock(now)
-        self._contribute(node, -1, ms)
-        node.flavor, node.domain, node.allocatable, node.unavailable = state
-        self._contribute(node, 1, ms)
+        if node.flavor != flavor or node.domain != domain:
+            # Another place: what its pods hold counts there from now on.
+            cells = self._cells_of((flavor, domain))
+            for slot, n in node.held.items():
+                cell = node.cells.get(slot)
+                if cell is None:
+                    cell = node.cells[slot] = self._parts.cell((node.flavor, node.domain, *slot))
+                cell[0] -= n
+                cell[1] += n * ms
+                cell = cells.get(slot)
+                if cell is None:
+                    cell = cells[slot] = self._parts.cell((flavor, domain, *slot))
+                cell[0] += n
+                cell[1] -= n * ms
+            node.cells = cells
+            node.cap_cell = None
+        node.free_cell = None
+        node.flavor, node.domain, node.allocatable, node.unavailable = (
+            flavor,
+            domain,
+            allocatable,
+            unavailable,
+        )
+        self._mark(node)
 
     def remove_node(self, name: str, now: float) -> None:
         """The Node is gone (its pods, should any be left, keep their GPUs counted)."""
@@ -207,11 +279,11 @@ class GpuSecondLedger:
         if node is None:
             return
         ms = self._clock(now)
-        self._contribute(node, -1, ms)
+        if node.unavailable:
+            node.free_cell = None
         node.allocatable, node.unavailable = 0, ""
-        if node.used:
-            self._contribute(node, 1, ms)
-        else:
+        self._settle(node, ms)
+        if not node.used:
             del self._nodes[name]
 
     def move(
@@ -223,49 +295,80 @@ class GpuSecondLedger:
         now: float,
     ) -> None:
         """`gpus` of a pod on node `name` go from (team, category) `old` to `new` (None: not
-        held: the pod came or went). O(1): on the hot path of every pod event."""
+        held: the pod came or went)."""
         if old == new or gpus <= 0:
             return
         ms = self._clock(now)
-        node = self._nodes.get(name)
-        if node is None:
-            node = self._nodes[name] = _Node()
-        flavor, domain, allocatable = node.flavor, node.domain, node.allocatable
-        used = before = node.used
-        held = node.held
-        parts = self._parts
+        node = self._node(name)
         if old is not None:
-            used -= gpus
-            left = held.get(old, 0) - gpus
-            if left > 0:
-                held[old] = left
-            else:
-                held.pop(old, None)
-            parts.add((flavor, domain, old[0], old[1]), -gpus, ms)
+            self._hold(node, old, -gpus, ms)
         if new is not None:
-            used += gpus
-            held[new] = held.get(new, 0) + gpus
-            parts.add((flavor, domain, new[0], new[1]), gpus, ms)
-        node.used = used
-        capacity_before = allocatable if allocatable > before else before
-        capacity = allocatable if allocatable > used else used
-        if capacity != capacity_before:
-            self._capacity.add((flavor, domain), capacity - capacity_before, ms)
-        delta = (capacity - used) - (capacity_before - before)
-        if delta:
-            parts.add((flavor, domain, "", node.free_category), delta, ms)
-            if not node.unavailable:
-                self._idle[flavor] = self._idle.get(flavor, 0) + delta
-                self._unsplit.add(flavor)  # split at `flush`: a pod's two moves often cancel
+            self._hold(node, new, gpus, ms)
+        if old is None or new is None:
+            node.used += gpus if old is None else -gpus
+            self._mark(node)
+
+    def transfer(
+        self, source: str, target: str, slot: tuple[str, str], gpus: int, now_ms: int
+    ) -> None:
+        """`gpus` held as `slot` go from node `source` to node `target` at `now_ms` (Unix
+        milliseconds): `move(source, slot, None)` and `move(target, None, slot)` in one, the
+        hot path of a pod bound anew."""
+        if gpus <= 0 or source == target:
+            return
+        if now_ms > self._latest:
+            self.flush()
+            self._latest = now_ms
+        ms = self._latest
+        nodes = self._nodes
+        a = nodes.get(source) or self._node(source)
+        b = nodes.get(target) or self._node(target)
+        held = a.held
+        left = held.get(slot, 0) - gpus
+        if left > 0:
+            held[slot] = left
+        else:
+            held.pop(slot, None)
+        held = b.held
+        held[slot] = held.get(slot, 0) + gpus
+        cells = a.cells
+        if cells is not b.cells:  # another (flavor, domain)
+            cell = cells.get(slot)
+            if cell is None:
+                cell = cells[slot] = self._parts.cell((a.flavor, a.domain, *slot))
+            cell[0] -= gpus
+            cell[1] += gpus * ms
+            cells = b.cells
+            cell = cells.get(slot)
+            if cell is None:
+                cell = cells[slot] = self._parts.cell((b.flavor, b.domain, *slot))
+            cell[0] += gpus
+            cell[1] -= gpus * ms
+        a.used -= gpus
+        b.used += gpus
+        if not a.dirty:
+            a.dirty = True
+            self._dirty.append(a)
+        if not b.dirty:
+            b.dirty = True
+            self._dirty.append(b)
 
     def flush(self) -> None:
-        """Share out the idle GPUs of the flavors whose count moved since the last call, at the
-        time of that move (call before time moves on: `GoodputBook.observe` does, per event)."""
-        if self._unsplit:
-            for flavor in sorted(self._unsplit):
+        """Settle what changed at the latest moment, at that moment: the marked nodes, then
+        the idle split of the flavors whose idle count moved (every reader calls it)."""
+        dirty = self._dirty
+        if dirty:
+            ms = self._latest
+            for node in dirty:
+                if node.dirty:
+                    self._settle(node, ms)
+            dirty.clear()
+        unsplit = self._unsplit
+        if unsplit:
+            for flavor in unsplit:  # each its own keys: the order makes no difference
                 if self._idle.get(flavor, 0) != self._split_idle.get(flavor):
                     self._resplit(flavor, self._latest)
-            self._unsplit.clear()
+            unsplit.clear()
 
     def set_demand(
         self, key: Hashable, flavor: str, cause: DemandCause, gpus: int, now: float
@@ -275,6 +378,7 @@ class GpuSecondLedger:
         if old == entry:
             return
         ms = self._clock(now)
+        self.flush()  # the idle counts as they are at this moment
         if old is not None:
             self._add_demand(old, -1)
         self._demand[key] = entry
@@ -286,8 +390,10 @@ class GpuSecondLedger:
     def remove_demand(self, key: Hashable, now: float) -> None:
         old = self._demand.pop(key, None)
         if old is not None:
+            ms = self._clock(now)
+            self.flush()  # the idle counts as they are at this moment
             self._add_demand(old, -1)
-            self._resplit(old[0], self._clock(now))
+            self._resplit(old[0], ms)
 
     def totals(self, now: float) -> GpuSecondTotals:
         self.flush()
@@ -304,6 +410,7 @@ class GpuSecondLedger:
 
     def now_counts(self) -> dict[str, int]:
         """GPUs in each category at this moment."""
+        self.flush()
         out: dict[str, int] = {}
         for key, n in self._parts.counts().items():
             out[key[3]] = out.get(key[3], 0) + n
@@ -311,19 +418,79 @@ class GpuSecondLedger:
 
     # --- bookkeeping ----------------------------------------------------------------------
 
-    def _contribute(self, node: _Node, sign: int, ms: int) -> None:
-        """Add (1) or take away (-1) everything the node counts for."""
-        place = (node.flavor, node.domain)
-        if node.capacity:
-            self._capacity.add(place, sign * node.capacity, ms)
-        for slot, n in node.held.items():
-            self._parts.add((*place, *slot), sign * n, ms)
-        free = node.free
-        if free:
-            self._parts.add((*place, "", node.free_category), sign * free, ms)
-            if not node.unavailable:
-                self._idle[node.flavor] = self._idle.get(node.flavor, 0) + sign * free
-                self._resplit(node.flavor, ms)
+    def _mark(self, node: _Node) -> None:
+        if not node.dirty:
+            node.dirty = True
+            self._dirty.append(node)
+
+    def _hold(self, node: _Node, slot: tuple[str, str], delta: int, ms: int) -> None:
+        """The node's pods hold `delta` GPUs more as `slot`."""
+        held = node.held
+        left = held.get(slot, 0) + delta
+        if left > 0:
+            held[slot] = left
+        else:
+            held.pop(slot, None)
+        cell = node.cells.get(slot)
+        if cell is None:
+            cell = node.cells[slot] = self._parts.cell((node.flavor, node.domain, *slot))
+        cell[0] += delta
+        cell[1] -= delta * ms
+
+    def _settle(self, node: _Node, ms: int) -> None:
+        """Count the node's capacity and free GPUs for what they are now, from `ms` on."""
+        node.dirty = False
+        allocatable = node.allocatable
+        used = node.used
+        capacity = allocatable if allocatable > used else used
+        cell = node.cap_cell
+        if cell is None:
+            cell = node.cap_cell = self._capacity.cell((node.flavor, node.domain))
+        given = node.given_capacity
+        if cell is not node.given_cap_cell:  # another place: what it gave there goes
+            old = node.given_cap_cell
+            if old is not None and given:
+                old[0] -= given
+                old[1] += given * ms
+            node.given_cap_cell = cell
+            given = 0
+        if capacity != given:
+            delta = capacity - given
+            cell[0] += delta
+            cell[1] -= delta * ms
+        node.given_capacity = capacity
+        free = capacity - used
+        cell = node.free_cell
+        if cell is None:
+            key = (node.flavor, node.domain, "", node.free_category)
+            cell = node.free_cell = self._parts.cell(key)
+        given = node.given_free
+        if cell is not node.given_free_cell:  # another place or category
+            old = node.given_free_cell
+            if old is not None and given:
+                old[0] -= given
+                old[1] += given * ms
+            node.given_free_cell = cell
+            given = 0
+        if free != given:
+            delta = free - given
+            cell[0] += delta
+            cell[1] -= delta * ms
+        node.given_free = free
+        idle = 0 if node.unavailable else free
+        flavor = node.flavor
+        if flavor != node.given_flavor:
+            if node.given_idle:
+                self._idle_moved(node.given_flavor, -node.given_idle)
+            node.given_flavor = flavor
+            node.given_idle = 0
+        if idle != node.given_idle:
+            self._idle_moved(flavor, idle - node.given_idle)
+            node.given_idle = idle
+
+    def _idle_moved(self, flavor: str, delta: int) -> None:
+        self._idle[flavor] = self._idle.get(flavor, 0) + delta
+        self._unsplit.add(flavor)
 
     def _add_demand(self, entry: tuple[str, DemandCause, int], sign: int) -> None:
         flavor, cause, gpus = entry

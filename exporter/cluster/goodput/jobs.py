@@ -41,6 +41,14 @@ class PodFact:
     holds: bool  # bound, not terminated, holds GPUs
     workload: str  # the Workload it belongs to, "" when unknown
     slot: tuple[str, str] | None = None  # (team, category) its GPUs count under on its node
+    # What its job was found from (`GoodputBook._job_of_pod`): the pod's phase and owners,
+    # and the epoch of the book's job maps then (a pod event that changes none of them, at
+    # the same epoch, finds the same job without looking).
+    phase: str = ""
+    owner: str = ""
+    owner_uid: str = ""
+    job_uid: str = ""
+    epoch: int = -1
 
 
 @dataclass(slots=True)

@@ -109,8 +109,17 @@ class ReliabilityBook:
     def node_seen(
         self, name: str, instance_type: str, domain: str, ultraserver: str, now: float
     ) -> None:
-        self._latest = max(self._latest, to_ms(now))
-        self._info[name] = _NodeInfo(instance_type, domain, ultraserver)
+        ms = round(now * 1000)  # to_ms
+        if ms > self._latest:
+            self._latest = ms
+        info = self._info.get(name)
+        if (
+            info is None
+            or info.instance_type != instance_type
+            or info.domain != domain
+            or info.ultraserver != ultraserver
+        ):
+            self._info[name] = _NodeInfo(instance_type, domain, ultraserver)
         if name not in self._present:
             self._present.add(name)
             self._time.add(name, 1, self._latest)
@@ -158,6 +167,16 @@ class ReliabilityBook:
             group.append(f)
         if group:
             out.append(_incident(group))
+        return out
+
+    def hardware_incidents(self, now: float) -> dict[str, int]:
+        """Incidents per node within the repeat window before `now` (nodes with one)."""
+        since = now - self.repeat_window_s
+        out: dict[str, int] = {}
+        for node in sorted(self._findings):
+            recent = sum(1 for i in self.incidents(node) if since <= i.time <= now)
+            if recent:
+                out[node] = recent
         return out
 
     def is_repeat_offender(self, node: str, now: float) -> bool:

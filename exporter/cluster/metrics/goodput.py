@@ -15,7 +15,7 @@ Cardinality is bounded by what the cluster is made of, never by its history:
 `topowatch_interruptions_total` counts, like `topowatch_preemptions_total`, only what this process
 saw happen, once its labels are settled: an interruption rebuilt from the history store at
 start-up is in the ledger (and the lost GPU-hours) only, so a restart starts the counter at zero.
-`LiveInterruptions` keeps that count between scrapes.
+The book keeps that count as entries settle (`GoodputBook.interruptions_total`).
 """
 
 from __future__ import annotations
@@ -52,44 +52,19 @@ SERIES: Final[tuple[tuple[str, str], ...]] = tuple(
 
 
 class LiveInterruptions:
-    """The interruptions this process saw settle, by (cause, component, team); what came from
-    the history store at start-up is excluded (`exclude`). Kept per job so that what the book
-    forgets (a pruned job) is forgotten here too: memory follows the book's."""
+    """The interruptions this process saw settle, by (cause, component, team): the book counts
+    them as they settle (`GoodputBook.interruptions_total`; what it restored at start-up is
+    never counted), so this only hands its count on."""
 
     def __init__(self) -> None:
         self.counts: Counter[tuple[str, str, str]] = Counter()
-        self._seen: dict[JobKey, set[str]] = {}
-        self._excluded: set[str] = set()
 
     def exclude(self, entries: Iterable[Interruption]) -> None:
-        """Entries that happened before this process watched (restored): never counted."""
-        self._excluded.update(e.id for e in entries)
+        """Entries that happened before this process watched (restored): the book never
+        counts them (`GoodputBook.restore`); nothing to do here."""
 
     def update(self, book: GoodputBook) -> Counter[tuple[str, str, str]]:
-        """Count the entries settled since the last call; O(jobs) when nothing changed."""
-        live = getattr(book, "interruptions_total", None)
-        if isinstance(live, Counter):  # the book counts them itself
-            return live
-        for key, track in book.jobs.items():
-            entries = track.interruptions
-            if not entries:
-                continue
-            seen = self._seen.get(key)
-            if seen is not None and len(seen) == len(entries):
-                continue
-            if seen is None:
-                seen = self._seen[key] = set()
-            for entry in entries:
-                if entry.id in seen or not entry.settled:
-                    continue
-                seen.add(entry.id)
-                if entry.id in self._excluded:
-                    self._excluded.discard(entry.id)
-                    continue
-                if entry.counted:
-                    self.counts[(entry.cause, entry.component, entry.team)] += 1
-        for key in [k for k in self._seen if k not in book.jobs]:  # the book let it go
-            del self._seen[key]
+        self.counts = book.interruptions_total
         return self.counts
 
 
@@ -396,16 +371,4 @@ def _reliability(book: GoodputBook, now: float) -> list[Family]:
 
 def hardware_incidents(book: GoodputBook, now: float) -> dict[str, int]:
     """Incidents per node within the repeat-offender window (nodes with at least one)."""
-    ask = getattr(book, "hardware_incidents", None)
-    if callable(ask):
-        answer = ask(now)
-        if isinstance(answer, dict):
-            return {str(k): int(v) for k, v in answer.items()}
-    reliability = book.reliability_book
-    since = now - reliability.repeat_window_s
-    out: dict[str, int] = {}
-    for node in sorted({f.node for f in reliability.findings()}):
-        recent = sum(1 for i in reliability.incidents(node) if since <= i.time <= now)
-        if recent:
-            out[node] = recent
-    return out
+    return book.hardware_incidents(now)
