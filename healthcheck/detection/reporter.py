@@ -10,8 +10,9 @@ turn the condition False and never post an Event; the controller acts only on ac
 This is the I/O edge of the node side. It writes on change, not on every poll (2,000 nodes
 polling every 5 s must not mean 400 writes a second), plus a refresh every `refresh_seconds`
 so a condition overwritten by someone else heals. Order matters to the controller reading it:
-the annotation first, then the condition, so that `TopowatchHealthy=False` is never seen
-without the findings that explain it.
+`TopowatchHealthy=False` is never seen without the findings that explain it, so a node turning
+bad gets the annotation first, then the condition, and a node healing the condition first
+(a node rebooted by remediation heals this way on its fresh agent's first report).
 
 The condition is written through the status subresource with a JSON merge patch carrying the
 full conditions list and the Node's resourceVersion: a merge patch replaces lists, so the
@@ -139,8 +140,12 @@ class NodeReporter:
         if written == self._written and now - self._written_at < self._refresh:
             return True
         try:
-            self._write_annotation(report)
-            self._write_condition(report, now)
+            if report.actionable:  # the findings first: False never comes without them
+                self._write_annotation(report)
+                self._write_condition(report, now)
+            else:  # healing: True first, then the findings go
+                self._write_condition(report, now)
+                self._write_annotation(report)
             if current != self._evented:
                 self._post_event(report, now)
                 self._evented = current

@@ -158,6 +158,33 @@ def test_recovery_flips_the_condition_and_announces_it(api: KubeApi, store: Obje
     assert "rootfs_read_only" in events(store)[1]["message"]
 
 
+def test_false_is_never_seen_without_its_findings_going_bad_or_healing(
+    api: KubeApi, store: ObjectStore
+) -> None:
+    """The controller reads a False condition without findings as malformed (an audit problem
+    per healing node, seen in the demo after every simulated reboot): after every single write,
+    False comes with the findings that explain it."""
+    seen: list[tuple[str | None, str | None]] = []
+    patch = api.patch
+
+    def watched(path: str, body: Any, **kwargs: Any) -> Any:
+        answer = patch(path, body, **kwargs)
+        ours = conditions(store).get(HEALTH_CONDITION)
+        seen.append((ours["status"] if ours else None, annotation(store)))
+        return answer
+
+    api.patch = watched  # type: ignore[method-assign]
+    clock = Clock()
+    reporter = NodeReporter(api, NODE, clock=clock)
+    reporter.report(report(RO))
+    clock.now += 120
+    reporter.report(report())  # healed
+    assert seen[-1] == ("True", "[]")
+    for status, text in seen:
+        if status == "False":
+            assert text is not None and findings_from_json(text), seen
+
+
 def test_efa_remote_errors_are_published_for_the_cluster_service_but_change_no_verdict(
     api: KubeApi, server: FakeApiServer, store: ObjectStore
 ) -> None:
