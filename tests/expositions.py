@@ -41,8 +41,8 @@ NODE_POLLS = 4  # enough for rates (two readings) and for damping to make findin
 SPREAD_JOB = "spread-train"  # a workload whose preferred topology could not be met
 LAYER3 = "topology.k8s.aws/network-node-layer-3"
 
-# Per profile, faults covering every check the simulation can trigger (numa_misplaced and
-# row_remap_pending follow from the simulated processes and the ECC fault), and kernel log lines
+# Per profile, faults covering every check the simulation can trigger (row_remap_pending follows
+# from the ECC fault; numa_misplaced from the unpinned process), and kernel log lines
 # of each severity (gpu-lost logs XID 79 and a fatal fallen-off-the-bus line).
 FAULTS: dict[str, tuple[str, ...]] = {
     "p5.48xlarge": (
@@ -63,6 +63,7 @@ FAULTS: dict[str, tuple[str, ...]] = {
         "aer@gpu4",
         "hung-task",
         "rootfs-ro",
+        "numa-unpinned@gpu7",
     ),
     "p6e-gb200.36xlarge": (
         "xid=79@gpu3",
@@ -76,6 +77,7 @@ FAULTS: dict[str, tuple[str, ...]] = {
         "efa-missing@rdmap32s0",
         "efa-unresponsive@rdmap32s1",
         "rootfs-ro",
+        "numa-unpinned@gpu3",
     ),
 }
 

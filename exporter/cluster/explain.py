@@ -138,6 +138,7 @@ def explain_text(view: Mapping[str, Any]) -> str:
             )
     for fix in view.get("would_run_if", []):
         lines.append(f"  It would run if {fix}.")
+    lines.extend(node_health_lines(view.get("node_health") or []))
     suffered = view.get("preemptions_suffered", [])
     if suffered:
         lines.append(f"Preempted {len(suffered)} time(s):")
@@ -168,6 +169,37 @@ def explain_text(view: Mapping[str, Any]) -> str:
     for problem in view.get("problems", []):
         lines.append(f"Note: {problem}")
     return "\n".join(lines) + "\n"
+
+
+def node_health_lines(nodes: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per node of the workload with findings or a remediation: "Its node X (pod P):
+    the node agent reports gpu3 xid (reboot): XID 79 ...; remediation: reboot requested
+    (HyperPod UnschedulablePendingReboot)"."""
+    lines = []
+    for node in nodes:
+        said = []
+        if node.get("reported"):
+            said.append(f"the node agent reports {node['reported']}")
+        elif node.get("condition"):
+            said.append(str(node["condition"]))
+        for f in node.get("efa_findings") or []:
+            since = f" since {f['since']}" if f.get("since") else ""
+            said.append(f"{f['component']} {f['check']} ({f['action']}): {f['evidence']}{since}")
+        if node.get("remediation"):
+            label = node.get("health_label") or ""
+            shown = f" (HyperPod {label})" if label and label not in node["remediation"] else ""
+            said.append(f"remediation: {node['remediation']}{shown}")
+        if node.get("unavailable"):
+            said.append(f"unavailable: {node['unavailable']}")
+        pods = list(node.get("pods") or [])
+        if not pods:
+            held = " (its assignment; no pod of it runs there now)"
+        elif len(pods) == 1:
+            held = f" (pod {pods[0]})"
+        else:
+            held = f" ({len(pods)} of its pods)"
+        lines.append(f"Its node {node['node']}{held}: {'; '.join(said)}")
+    return lines
 
 
 def _headline(view: Mapping[str, Any]) -> str:

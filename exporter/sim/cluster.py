@@ -171,6 +171,7 @@ class SimulatedCluster:
         self._restarts: dict[str, float] = {}
         self._starting: dict[str, float] = {}
         self._faults_at = start
+        self._boots: dict[str, int] = {}  # node -> reboots and replacements so far (boot ID)
 
     # --- public API -------------------------------------------------------------------------
 
@@ -392,6 +393,34 @@ class SimulatedCluster:
         pod's name; raises ValueError for an unknown job or one with no admitted scale-up."""
         self.bootstrap()
         return self._elastic.fault_pod(namespace, job, self._now)
+
+    def boot_id(self, node: str) -> str:
+        """The Node's status.nodeInfo.bootID: a new one after each reboot or replacement."""
+        boots = self._boots.get(node, 0)
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"topowatch-sim/{node}/boot/{boots}"))
+
+    def hyperpod_label(
+        self, node: str, health: str, kind: FaultKind, start_s: tuple[float, float]
+    ) -> bool:
+        """HyperPod's health label on `node` reads `health`, written by someone else
+        (topowatch's remediation controller, through its HyperPod provider): HyperPod acts on
+        it as on a label of its own. The node is cordoned now; `start_s` later it is rebooted
+        or replaced (`kind.repair`) and the jobs on it stop (true cause: remediation,
+        `kind.component`); `kind.repair_s` after that it is back, Schedulable, with a new
+        boot ID, and the operator resumes the jobs. True when this starts a remediation;
+        False for the label the simulation wrote itself or a node under repair already.
+        Raises ValueError with faults off (the repair path is theirs) or an unknown node."""
+        if self._fault_draw is None:
+            raise ValueError("node repairs need faults on: build the cluster with FaultRates()")
+        if node not in self._node_index:
+            raise ValueError(f"no node named {node!r}")
+        self.bootstrap()
+        if not kind.repair or node in self._repairing or self._health[node] == health:
+            return False
+        self._clock = self._now
+        self.cordon(node, health)
+        self._plan(self._now + self._fault_draw.between(start_s), "remediate", node, kind)
+        return True
 
     def cordon(self, node: str, health: str = "UnschedulablePendingReplacement") -> None:
         """Set HyperPod's health label on `node`; anything but Schedulable also cordons it, so
@@ -945,6 +974,7 @@ class SimulatedCluster:
         manifest = ko.node_manifest(
             node.name, labels, node.gpus, uid, self._start, health, index, taints
         )
+        manifest["status"]["nodeInfo"] = self._node_info(node)
         if node.name in self._findings or node.name in self._garbled:  # the agent's annotation
             text = json.dumps(self._findings.get(node.name, []), separators=(",", ":"))
             if node.name in self._garbled:
@@ -960,6 +990,24 @@ class SimulatedCluster:
                         lastTransitionTime=ko.rfc3339(self._clock),
                     )
         self._out.put("nodes", manifest)
+
+    def _node_info(self, node: SimNode) -> dict[str, str]:
+        """status.nodeInfo as the kubelet of a HyperPod EKS node reports it (every field the
+        API requires); bootID changes with each reboot or replacement."""
+        machine = uuid.uuid5(uuid.NAMESPACE_URL, f"topowatch-sim/{node.name}/machine")
+        arm = node.instance_type == layout.GB200
+        return {
+            "architecture": "arm64" if arm else "amd64",
+            "bootID": self.boot_id(node.name),
+            "containerRuntimeVersion": "containerd://1.7.27",
+            "kernelVersion": f"6.1.134-152.225.amzn2023.{'aarch64' if arm else 'x86_64'}",
+            "kubeProxyVersion": "v1.32.3-eks-473151a",
+            "kubeletVersion": "v1.32.3-eks-473151a",
+            "machineID": machine.hex,
+            "operatingSystem": "linux",
+            "osImage": "Amazon Linux 2023.7.20250527",
+            "systemUUID": str(machine),
+        }
 
     def _write_queues(self) -> None:
         for team in self._shape.teams:
@@ -1110,7 +1158,11 @@ class SimulatedCluster:
             if node in self._repairing:
                 return  # a fault got there first: its repair clears the warning too
             self._repairing.add(node)
-            self.cordon(node, "UnschedulablePendingReboot")
+            replacing = kind.repair == "replace"
+            self.cordon(
+                node,
+                "UnschedulablePendingReplacement" if replacing else "UnschedulablePendingReboot",
+            )
             self._stop_jobs_on(node, now, "remediation", kind)
             self._plan(now + draw.between(kind.repair_s), "back", node, kind)
         elif what == "report":
@@ -1124,7 +1176,10 @@ class SimulatedCluster:
                 self._findings.setdefault(node, []).extend(waiting)
             self._write_node(sim_node)
         elif what == "back":
-            self._findings[node] = []
+            if node in self._findings:  # the node agent starts afresh: nothing found yet
+                self._findings[node] = []
+            if kind.repair:  # rebooted, or a new instance: a new boot ID
+                self._boots[node] = self._boots.get(node, 0) + 1
             self._down.discard(node)
             self._repairing.discard(node)
             self.cordon(node, "Schedulable")

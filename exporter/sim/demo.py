@@ -2,31 +2,133 @@
 
 A simulated HyperPod cluster behind a list/watch API server, a node agent per simulated node
 whose labels and pods follow the cluster, and the cluster service reading it all through the
-production informers.
+production informers; a Prometheus scraping everything and evaluating the project's alert
+rules, when one is installed.
+
+So every part has something to show at once: the cluster has run for `HISTORY_S` when the demo
+starts serving (preemptions, finished and pending workloads are there in the first minute); the
+simulated HyperPod carries out the reboots and replacements its health label asks for (with
+`--remediate` the controller sets it), so the remediation lifecycle reaches its end; the demo
+prints the node names and two ready-made commands that restart it with a fault, and a line for
+each alert that starts firing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import shlex
+import shutil
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
 from exporter.cluster.run import controller_from_mapping, kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService
 from exporter.cluster.views.workloads import status_of
-from exporter.sim.demo_prometheus import DEFAULT_PORT, DemoPrometheus, start_prometheus
-from exporter.sim.environment import NodeAgentFleet, SimulatedEnvironment
+from exporter.sim.demo_prometheus import (
+    DEFAULT_PORT,
+    AlertSummary,
+    DemoPrometheus,
+    start_prometheus,
+)
+from exporter.sim.environment import HyperPodRepair, NodeAgentFleet, SimulatedEnvironment
 from exporter.sim.faults import Fault
+from exporter.sim.hyperpod_layout import SimNode
 
 log = logging.getLogger(__name__)
 
 # Ctrl-C or SIGTERM to exit: the node agents, the simulation and Prometheus get this long, all
 # together, once the cluster service has stopped (normally well under a second).
 STOP_TIMEOUT_S = 1.5
+# The simulated cluster has run this long when the demo starts serving (2 s steps, about a
+# second of CPU): the first preemptions happen ~1 minute into a run.
+HISTORY_S = 600.0
+# Options a printed restart command replaces rather than repeats (with their values).
+_REPLACED = {"--fault": True, "--remediate": False, "--duration": True}
+
+
+def cli_command(argv0: str | None = None) -> list[str]:
+    """The `topowatch` command by its full path, as a person can paste it anywhere: the
+    script this process runs, else the one on PATH, else the one beside this Python (a
+    virtual environment's bin/), else `python -m exporter.cli` by the interpreter's path."""
+    started = Path(argv0 if argv0 is not None else (sys.argv[0] if sys.argv else ""))
+    if started.name == "topowatch" and started.is_file():
+        return [str(started.absolute())]
+    found = shutil.which("topowatch")
+    if found:
+        return [str(Path(found).absolute())]
+    beside = Path(sys.executable).parent / "topowatch"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
+    return [sys.executable, "-m", "exporter.cli"]
+
+
+def restart_args(argv: Sequence[str], seed: int) -> list[str]:
+    """This run's `demo` arguments less --fault, --remediate and --duration, so a printed
+    restart line keeps its ports and seed (the node names follow the seed); just `demo` (and
+    its seed) when the process was not started as `topowatch ... demo ...`."""
+    args = list(argv)
+    if "demo" not in args:
+        return ["demo", *(["--seed", str(seed)] if seed else [])]
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in _REPLACED:
+            skip = _REPLACED[name] and "=" not in arg
+            continue
+        kept.append(arg)
+    return kept
+
+
+def fault_commands(
+    cli: Sequence[str], args: Sequence[str], nodes: Sequence[SimNode], busy: Sequence[str] = ()
+) -> list[str]:
+    """Two commands that restart the demo with a fault and the controller acting: XID 79 on
+    GPU 3 (a node reboot) and a failed row remap on GPU 1 (out of spare rows: a replacement),
+    each firing its alert at once, on two nodes running work where there are (`busy`, by
+    preference). Both GPUs exist on every profile (p5: 8 GPUs, p6e-gb200: 4)."""
+    names = [n.name for n in nodes]
+    picked = [n for n in busy if n in names] + [n for n in names if n not in busy]
+    if not picked:
+        return []
+    first, second = picked[0], picked[1 if len(picked) > 1 else 0]
+    commands = []
+    for node, spec in ((first, "xid=79@gpu3"), (second, "remap-failure@gpu1")):
+        line = [*cli, *args, "--remediate", "--fault", f"node={node}:{spec}"]
+        commands.append(" ".join(shlex.quote(part) for part in line))
+    return commands
+
+
+def node_summary(nodes: Sequence[SimNode], per_type: int = 3) -> list[str]:
+    """The node names by instance type: the first few of each, and how many there are."""
+    by_type: dict[str, list[str]] = {}
+    for node in nodes:
+        by_type.setdefault(node.instance_type, []).append(node.name)
+    lines = []
+    for instance_type, names in sorted(by_type.items()):
+        more = f" ... ({len(names)} in all)" if len(names) > per_type else ""
+        lines.append(f"{instance_type}: {', '.join(names[:per_type])}{more}")
+    return lines
+
+
+def busy_nodes(service: ClusterService) -> list[str]:
+    """Nodes where pods of an admitted workload hold GPUs, the busiest first."""
+    with service.lock:
+        held: dict[str, int] = {}
+        for pod in service.model.pods.values():
+            if pod.node and pod.holds_gpus:
+                held[pod.node] = held.get(pod.node, 0) + pod.gpus
+    return sorted(held, key=lambda n: (-held[n], n))
 
 
 def example_workload(service: ClusterService) -> str | None:
@@ -55,11 +157,21 @@ def run_demo(
     remediate: bool = False,
     out: TextIO = sys.stdout,
     prometheus_port: int = DEFAULT_PORT,
+    history_s: float = HISTORY_S,
+    repair: HyperPodRepair | None = None,
+    argv: Sequence[str] | None = None,
+    until: threading.Event | None = None,
 ) -> int:
     """`remediate` lets the controller act (HyperPod labels on the simulated nodes); without
     it the controller only decides and audits, as `topowatch cluster` does by default.
-    `prometheus_port` (0: none) runs a Prometheus scraping everything, for the dashboards."""
-    env = SimulatedEnvironment(seed=seed).start()
+    `prometheus_port` (0: none) runs a Prometheus scraping everything and evaluating the alert
+    rules, for the dashboards. `history_s`: how long the cluster has run when serving starts;
+    `repair`: how the simulated HyperPod carries out its label (default `HyperPodRepair()`).
+    `argv`: this process's arguments, which the printed restart commands keep; `until`: set,
+    it stops the demo as --duration would (tests)."""
+    env = SimulatedEnvironment(
+        seed=seed, repair=repair or HyperPodRepair(), history_s=history_s
+    ).start()
     fleet = None
     try:
         if with_agents:
@@ -79,11 +191,16 @@ def run_demo(
         raise
     stop = asyncio.Event()
     prometheus: list[DemoPrometheus] = []
+    alerts: list[AlertSummary] = []
+    cli = cli_command()
+    args = restart_args(sys.argv[1:] if argv is None else argv, seed)
 
     def started(bound: int, service: ClusterService) -> None:
         base = f"http://{host}:{bound}"
+        nodes = env.cluster.nodes()
+        history = f", {history_s / 60:g} minutes of history" if history_s else ""
         print(
-            f"topowatch demo: simulated HyperPod cluster, {len(env.cluster.nodes())} nodes",
+            f"topowatch demo: simulated HyperPod cluster, {len(nodes)} nodes{history}",
             file=out,
         )
         print(f"  Kubernetes API (simulated): {env.url}", file=out)
@@ -97,9 +214,13 @@ def run_demo(
         )
         mode = "act (HyperPod labels)" if remediate else "observe (--remediate to act)"
         print(f"  remediation:      {mode}, {base}/api/v1/remediation", file=out)
+        for i, line in enumerate(node_summary(nodes)):
+            print(f"  {'nodes:' if i == 0 else '':18}{line}", file=out)
         if fleet is not None and fleet.agents:
             first, last = fleet.agents[0], fleet.agents[-1]
             print(f"  node agents:      {len(fleet.agents)}, {first.url} .. {last.url}", file=out)
+        if faults:
+            print(f"  faults injected:  {', '.join(str(f) for f in faults)}", file=out)
         if prometheus_port:
             scrape_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
             agents = fleet.agents if fleet is not None else []
@@ -107,18 +228,39 @@ def run_demo(
             running = start_prometheus(prometheus_port, f"{scrape_host}:{bound}", node_targets, out)
             if running is not None:
                 prometheus.append(running)
+                if running.rules:
+                    alerts.append(AlertSummary(running, out).start())
         threading.Thread(target=announce_example, args=(service, base), daemon=True).start()
+        loop = asyncio.get_running_loop()
         if duration is not None:
-            loop = asyncio.get_running_loop()
             loop.call_later(duration, stop.set)
+        if until is not None:
+
+            def relay(done: threading.Event) -> None:
+                done.wait()
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(stop.set)
+
+            threading.Thread(target=relay, args=(until,), daemon=True).start()
         out.flush()
 
     def announce_example(service: ClusterService, base: str) -> None:
         if service.informers is not None:
             service.informers.wait_synced(30)
         target = example_workload(service)
+        command = " ".join(shlex.quote(part) for part in cli)
         if target:
-            print(f"  try:              topowatch explain --server {base} {target}", file=out)
+            print(f"  try:              {command} explain --server {base} {target}", file=out)
+        if fleet is not None:
+            lines = fault_commands(cli, args, env.cluster.nodes(), busy_nodes(service))
+            if lines:
+                print(
+                    "  inject a fault:   restart with one (the controller acts on it, HyperPod"
+                    " reboots or replaces the node, the alert fires):",
+                    file=out,
+                )
+                for line in lines:
+                    print(f"    {line}", file=out)
         print("Ctrl-C stops everything.", file=out)
         out.flush()
 
@@ -129,6 +271,8 @@ def run_demo(
     try:
         serve_cluster(client, host, port, on_started=started, stop=stop, controller=controller)
     finally:
+        for summary in alerts:
+            summary.stop(timeout=0.2)
         stop_everything(prometheus, fleet, env)
     return 0
 

@@ -40,6 +40,9 @@
     aer@gpu4               an uncorrected (non-fatal) PCIe error on GPU 4, in the kernel log only
     gpu-init-failed@gpu4   the driver fails to initialise GPU 4 ("RmInitAdapter failed!"), in the
                            kernel log only
+    numa-unpinned@gpu7     the workload's process on GPU 7 is left unpinned (every CPU allowed,
+                           not only its GPU's NUMA node): the launcher mistake the affinity
+                           collector catches. Without it every simulated process is pinned
     efa-reset-failed@rdmap16s27  the efa driver fails to reset that device (kernel log only)
     efa-admin-timeout@rdmap16s27 an admin command the device never completes: no_completion_cmds
                            +1 and the admin queue closed until the device is reset (clearing the
@@ -95,6 +98,7 @@ GPU_FAULTS = frozenset(
         "fabric-degraded",
         "aer",
         "gpu-init-failed",
+        "numa-unpinned",
     }
 )
 LINK_FAULTS = frozenset({"nvlink-down", "nvlink-crc"})

@@ -103,7 +103,7 @@ def test_findings_show_in_the_same_polls_exposition_and_lint_clean(sim: Sim) -> 
 
 
 def test_healthy_node_exposition_has_no_active_finding_but_numa_warning(sim: Sim) -> None:
-    h = sim("p5.48xlarge")
+    h = sim("p5.48xlarge", "numa-unpinned@gpu7")
     poller = health_poller(h, HealthMonitor())
     h.now += 5
     poller.poll()

@@ -59,15 +59,23 @@ def test_nearest_efa_and_numa_from_the_simulated_tree(
         assert a.numa_node == gpu.numa_node
 
 
-def test_only_the_unpinned_process_on_the_last_gpu_is_off_numa(
+def test_every_process_is_pinned_to_its_gpus_numa_node_until_a_fault_unpins_one(
     sim: SimulatedSysfs, profile: HardwareProfile
 ) -> None:
     result = _affinity_from_tree(sim, profile)
-    last = len(profile.gpus) - 1
     assert [a.processes for a in result] == [1] * len(profile.gpus)
+    assert [a.processes_off_numa for a in result] == [0] * len(profile.gpus)
+    last = len(profile.gpus) - 1
+    unpinned = Fault(kind="numa-unpinned", gpu=last)
+    sim.inject(unpinned)
+    result = _affinity_from_tree(sim, profile)
     assert [a.processes_off_numa for a in result] == [
         1 if a.gpu_index == last else 0 for a in result
     ]
+    sim.clear(unpinned)
+    assert [a.processes_off_numa for a in _affinity_from_tree(sim, profile)] == [0] * len(
+        profile.gpus
+    )
 
 
 def test_without_efa_locations_nearest_falls_back_to_the_numa_node(

@@ -213,7 +213,7 @@ def test_gpu_attributed_to_its_pod(sim: Sim) -> None:
 
 
 def test_affinity_pairs_gpus_with_nearest_efa_and_flags_misplaced_process(sim: Sim) -> None:
-    h = sim("p5.48xlarge")
+    h = sim("p5.48xlarge", "numa-unpinned@gpu7")
     _, exposition = h.poll()
     found = series(exposition.text)
     profile = h.node.profile

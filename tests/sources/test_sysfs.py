@@ -521,8 +521,12 @@ def test_process_cpus(sim: SimulatedSysfs, profile: HardwareProfile) -> None:
     cpus = read_process_cpus(sim.proc_root, [*pids, 99999])
     assert set(cpus) == set(pids)  # the pid that does not exist is skipped
     last = pids[-1]
-    assert cpus[last] == frozenset(c for n in profile.numa for c in n.cpus)  # unpinned
+    last_numa = next(n for n in profile.numa if n.node == profile.gpus[-1].numa_node)
+    assert cpus[last] == frozenset(last_numa.cpus)  # pinned, as every process
     assert cpus[pids[0]] == frozenset(profile.numa[0].cpus)
+    sim.inject(Fault(kind="numa-unpinned", gpu=len(pids) - 1))
+    unpinned = read_process_cpus(sim.proc_root, pids)[last]
+    assert unpinned == frozenset(c for n in profile.numa for c in n.cpus)
     sim.corrupt(f"proc/{pids[0]}/status", "Name:\tx\nCpus_allowed_list:\tnot-a-list\n")
     assert pids[0] not in read_process_cpus(sim.proc_root, pids)
 

@@ -6,6 +6,7 @@ html.escape, because node names, namespaces and workload names come from the API
 
 from __future__ import annotations
 
+import textwrap
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,9 @@ GPU = 14  # a GPU square
 GPU_GAP = 3
 NAME_W = 210  # node name column, before the GPU squares
 WIDTH = 1100
+CHAR_W = 7  # a character of 12px system-ui text, rounded up: a wrapped line never overruns
+LINE_H = 14  # one more line of a node's note
+MARKER_OFFSET = 60  # the marker's start, right of the "N free" note
 FREE_FILL = "#e5e7eb"  # a GPU a new pod could get
 UNAVAILABLE_FILL = "#9ca3af"  # idle, but on a node that takes no new pods
 
@@ -164,13 +168,19 @@ def _draw_node(
         classes.append("unschedulable")
     if hosts:
         classes.append("hosts-highlight")
+    gx = x + NAME_W
+    count = max(tile.allocatable, len(tile.slots))
+    note_x = gx + max(count, 8) * (GPU + GPU_GAP) + 10
+    marker_x = note_x + MARKER_OFFSET
+    lines = marker_lines(f"⚠ UNHEALTHY: {tile.unhealthy}", WIDTH - x - marker_x - 6)
+    height = NODE_H + (len(lines) - 1) * LINE_H if tile.unhealthy else NODE_H
     parts.append(
         f'<g class="{" ".join(classes)}" id="node-{escape(name)}" data-node="{escape(name)}" '
         f'data-free="{tile.free}">'
     )
     if tile.unhealthy:
         parts.append(
-            f'<rect x="{x}" y="{y + 1}" width="{WIDTH - 2 * x}" height="{NODE_H - 2}" '
+            f'<rect x="{x}" y="{y + 1}" width="{WIDTH - 2 * x}" height="{height - 2}" '
             'fill="#fee2e2" stroke="#dc2626"/>'
         )
     elif hosts:
@@ -179,26 +189,33 @@ def _draw_node(
             'fill="#fef9c3" stroke="#ca8a04"/>'
         )
     parts.append(f'<text class="node-name" x="{x + 6}" y="{y + 16}">{escape(name)}</text>')
-    gx = x + NAME_W
-    count = max(tile.allocatable, len(tile.slots))
     for index in range(count):
         slot = tile.slots[index] if index < len(tile.slots) else None
         parts.append(_gpu(slot, index, gx + index * (GPU + GPU_GAP), y + 5, tile, highlight))
-    note_x = gx + max(count, 8) * (GPU + GPU_GAP) + 10
     note = f"{tile.free} free"
     parts.append(f'<text class="node-free" x="{note_x}" y="{y + 16}">{escape(note)}</text>')
     if tile.unhealthy:
+        body = escape(lines[0]) + "".join(
+            f'<tspan x="{marker_x}" dy="{LINE_H}">{escape(line)}</tspan>' for line in lines[1:]
+        )
         parts.append(
-            f'<text class="unhealthy-marker" x="{note_x + 60}" y="{y + 16}" fill="#b91c1c">'
-            f"⚠ UNHEALTHY: {escape(tile.unhealthy)}</text>"
+            f'<text class="unhealthy-marker" x="{marker_x}" y="{y + 16}" fill="#b91c1c">'
+            f"<title>{escape(tile.unhealthy)}</title>{body}</text>"
         )
     elif not tile.schedulable:
         parts.append(
-            f'<text class="unschedulable-marker" x="{note_x + 60}" y="{y + 16}" '
+            f'<text class="unschedulable-marker" x="{marker_x}" y="{y + 16}" '
             'fill="#475569">unschedulable (cordoned or not Ready)</text>'
         )
     parts.append("</g>")
-    return y + NODE_H
+    return y + height
+
+
+def marker_lines(text: str, width_px: int) -> list[str]:
+    """`text` in lines that fit `width_px` (at CHAR_W a character), broken between words
+    where it can be; a word longer than a line is broken inside."""
+    chars = max(24, width_px // CHAR_W)
+    return textwrap.wrap(text, chars, break_on_hyphens=False) or [text]
 
 
 def _gpu(slot: GpuSlot | None, index: int, x: int, y: int, tile: NodeTile, highlight: str) -> str:

@@ -20,8 +20,9 @@ from exporter.cluster.capacity.placement import Fit
 from exporter.cluster.capacity.quota import kueue_quantity
 from exporter.cluster.ledger import PreemptionRecord
 from exporter.cluster.model import ClusterModel, WorkloadState, is_live, is_pending
-from exporter.cluster.objects import GPU_RESOURCE, Pod, Workload
+from exporter.cluster.objects import GPU_RESOURCE, Node, Pod, Workload
 from exporter.cluster.timeline import TimelineEntry, fold_preemptions
+from exporter.topology.labels import HOSTNAME_KEY
 from exporter.topology.tree import (
     LEVELS,
     ULTRASERVER,
@@ -135,7 +136,76 @@ def workload_view(
         "pending": _pending_view(pending),
         "would_run_if": would_run_if(model, wl, pending),
         "efa_remote_errors": _efa_for(model, wl, now),
+        "node_health": node_health(model, wl, pods),
         "problems": list(wl.problems),
+    }
+
+
+# HyperPod's node-health-status values that mean a remediation is asked for or under way.
+_REMEDIATION = {
+    "UnschedulablePendingReboot": "reboot requested",
+    "UnschedulablePendingReplacement": "replacement requested",
+}
+
+
+def node_health(model: ClusterModel, wl: Workload, pods: Sequence[Pod]) -> list[dict[str, Any]]:
+    """What is wrong with the nodes the workload runs on (its pods' nodes, and while it is
+    admitted the nodes its topology assignment names, which a job stopped by a node fault
+    still holds): the node agent's findings (its TopowatchHealthy condition, its EFA findings)
+    and the remediation HyperPod's health label says is asked for. Only nodes with something
+    to say."""
+    on: dict[str, list[str]] = {}
+    for pod in pods:
+        if pod.node:
+            on.setdefault(pod.node, []).append(pod.name)
+    for placement in wl.placements if is_live(wl) else ():
+        if placement.levels and placement.levels[-1] == HOSTNAME_KEY:
+            for domain in placement.domains:
+                if domain.values:
+                    on.setdefault(domain.values[-1], [])
+    out = []
+    for name in sorted(on):
+        node = model.nodes.get(name)
+        if node is None:
+            continue
+        entry = _node_health(node)
+        if entry is not None:
+            out.append({"node": name, "pods": on[name], **entry})
+    return out
+
+
+def _node_health(node: Node) -> dict[str, Any] | None:
+    condition = node.condition_note
+    reported = ""
+    if condition:  # "TopowatchHealthy=False (Reason: finding; finding)"
+        _, _, inner = condition.partition(" (")
+        _, colon, findings = inner.removesuffix(")").partition(": ")
+        reported = findings if colon else inner.removesuffix(")")
+    efa = [
+        {
+            "check": f.check,
+            "component": f.component,
+            "action": f.action,
+            "evidence": f.evidence,
+            "since": iso(f.first_seen),
+        }
+        for f in node.efa_findings
+        if f.action != "none"
+    ]
+    remediation = _REMEDIATION.get(node.health, "")
+    if not remediation and node.health.startswith("Unschedulable"):
+        remediation = f"HyperPod {node.health}"
+    unavailable = node.unavailable_detail if node.unavailable else ""
+    if not (condition or efa or remediation or unavailable):
+        return None
+    return {
+        "condition": condition,
+        "reported": reported,
+        "efa_findings": efa,
+        "health_label": node.health,
+        "remediation": remediation,
+        "unavailable": unavailable,
+        "schedulable": node.schedulable,
     }
 
 

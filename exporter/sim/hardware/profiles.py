@@ -12,6 +12,7 @@ socket, 4 EFA per GPU switch, 2 NUMA nodes; p6e-gb200: 4 GB200 GPUs on 2 Grace s
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from exporter.sources.pci import nvml_to_sysfs_address
@@ -217,20 +218,22 @@ class SimProcess:
     used_memory_bytes: int
 
 
-def simulated_processes(profile: HardwareProfile) -> tuple[SimProcess, ...]:
-    """One training process per GPU, pinned to its GPU's NUMA node, except the last GPU's:
-    that one is left unpinned (all CPUs allowed), the common launcher mistake the affinity
-    collector exists to catch."""
+def simulated_processes(
+    profile: HardwareProfile, unpinned: Collection[int] = ()
+) -> tuple[SimProcess, ...]:
+    """One training process per GPU, pinned to its GPU's NUMA node, as a launcher that binds
+    each rank to its GPU's socket does. The processes of the GPUs in `unpinned` (the
+    `numa-unpinned@gpuN` fault) are left unpinned, all CPUs allowed: the common launcher
+    mistake the affinity collector exists to catch."""
     all_cpus = tuple(sorted(c for n in profile.numa for c in n.cpus))
     procs = []
     for gpu in profile.gpus:
         local = next(n.cpus for n in profile.numa if n.node == gpu.numa_node)
-        last = gpu.index == len(profile.gpus) - 1
         procs.append(
             SimProcess(
                 pid=40000 + gpu.index,
                 gpu_index=gpu.index,
-                cpus_allowed=all_cpus if last else local,
+                cpus_allowed=all_cpus if gpu.index in unpinned else local,
                 used_memory_bytes=int(profile.gpu_memory_bytes * 0.72),
             )
         )

@@ -27,8 +27,8 @@ What is written (all paths below `root/sys`):
     devices/system/node/node<N>/{cpulist,cpumap,meminfo,numastat}
 
 and below `root/proc`: `<pid>/status` for each `simulated_processes(profile)` entry (Name, Pid,
-Cpus_allowed, Cpus_allowed_list, Mems_allowed_list, ...) and `mounts` ("/" rw, or ro under the
-rootfs-ro fault).
+Cpus_allowed, Cpus_allowed_list, Mems_allowed_list, ...: pinned to its GPU's NUMA node, all
+CPUs under the numa-unpinned fault) and `mounts` ("/" rw, or ro under the rootfs-ro fault).
 
 EFA and ENA, as on the hardware: every port reads `4: ACTIVE` / `5: LinkUp` whatever happens,
 because the efa driver hard-codes both (efa_query_port); no fault changes them. Every eighth EFA
@@ -86,7 +86,14 @@ from exporter.sim.hardware.profiles import EfaSpec, HardwareProfile, simulated_p
 from exporter.sources.sysfs import EFA_DEVICE_COUNTERS, EFA_PORT_COUNTERS
 
 HANDLED_FAULTS = frozenset(
-    {"efa-missing", "efa-unresponsive", "efa-link-down", "efa-admin-timeout", "rootfs-ro"}
+    {
+        "efa-missing",
+        "efa-unresponsive",
+        "efa-link-down",
+        "efa-admin-timeout",
+        "rootfs-ro",
+        "numa-unpinned",
+    }
 )
 _EFA_DEVICE_FAULTS = frozenset(
     {"efa-missing", "efa-unresponsive", "efa-link-down", "efa-admin-timeout"}
@@ -396,8 +403,8 @@ class SimulatedSysfs:
             self._write_numastat(node)
 
     def inject(self, fault: Fault) -> None:
-        """Start a fault now (efa-missing, efa-unresponsive, efa-link-down, rootfs-ro; others
-        are ignored)."""
+        """Start a fault now (efa-missing, efa-unresponsive, efa-link-down, efa-admin-timeout,
+        rootfs-ro, numa-unpinned; others are ignored)."""
         if not self._add_fault(fault):
             return
         if fault.kind == "efa-link-down" and fault.device is not None:
@@ -410,6 +417,8 @@ class SimulatedSysfs:
             self._remove_efa_device(self._efa[fault.device])
         elif fault.kind == "rootfs-ro":
             self._write_mounts()
+        elif fault.kind == "numa-unpinned":
+            self._write_proc()
 
     def clear(self, fault: Fault) -> None:
         """End a fault: a missing device comes back (counters carry on), a dead link comes back
@@ -433,6 +442,8 @@ class SimulatedSysfs:
                 self._write_efa_device(state)
         elif fault.kind == "rootfs-ro":
             self._write_mounts()
+        elif fault.kind == "numa-unpinned":
+            self._write_proc()
 
     def corrupt(self, relative_path: str, text: str) -> None:
         """Replace one file (path relative to `root`, e.g. "sys/class/infiniband/rdmap16s27/
@@ -812,7 +823,8 @@ class SimulatedSysfs:
     def _write_proc(self) -> None:
         proc = os.path.join(self._real_root, "proc")
         os.makedirs(proc, exist_ok=True)
-        for p in simulated_processes(self._profile):
+        unpinned = {f.gpu for f in self._faults if f.kind == "numa-unpinned" and f.gpu is not None}
+        for p in simulated_processes(self._profile, unpinned):
             d = os.path.join(proc, str(p.pid))
             os.makedirs(d, exist_ok=True)
             mems = sorted(
@@ -954,7 +966,7 @@ def _events(rng: random.Random, expected: float) -> int:
 
 
 def _same_fault(a: Fault, b: Fault) -> bool:
-    return a.kind == b.kind and a.device == b.device
+    return a.kind == b.kind and a.device == b.device and a.gpu == b.gpu
 
 
 def _symlink_rel(target: str, link: str, *, via_parent: bool = False) -> None:
