@@ -8,4 +8,6 @@ echo "== ruff format --check" && .venv/bin/ruff format --check .
 echo "== mypy" && .venv/bin/mypy
 echo "== lint-imports" && .venv/bin/lint-imports
 echo "== mkdocs" && .venv/bin/mkdocs build --strict --site-dir "$(mktemp -d)"
-echo "== pytest" && .venv/bin/pytest -q "$@"
+# Two workers: most tests wait on real programs (Prometheus, slurmctld, the demo), so two
+# share two cores well; TOPOWATCH_TEST_WORKERS=0 runs them in this process.
+echo "== pytest" && .venv/bin/pytest -q -n "${TOPOWATCH_TEST_WORKERS:-2}" "$@"
