@@ -21,6 +21,13 @@ in a pool where a preemption is under way keep theirs, as Kueue skips them). `fi
 (exporter/sim/fidelity.py) turns on every resource, tainted pools, mixed flavors,
 several pod sets and a cohort tree.
 
+Admission checks (`admission_checks`, exporter/sim/kueue/checks.py; off by default): the
+ClusterQueues list AdmissionChecks, and a quota reservation leaves the workload QuotaReserved
+but not Admitted, its Job suspended (no pods), until every check is Ready. A check controller
+decides by patching the Workload's status.admissionChecks in the API server; each step reads
+that back before Kueue's workload controller acts on it: all Ready admits, a Retry evicts and
+requeues after the Retry's requeueAfterSeconds, a Rejected deactivates.
+
 Deliberate simplifications: evicted and finished pods vanish at once (no Terminating phase);
 Jobs are not written (the store serves no batch/v1), Workloads and Pods still name their Job
 and its uid; a preempted workload counts the eviction in `status.requeueState.count` (real
@@ -33,16 +40,21 @@ import json
 import math
 import random
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 from exporter.core.findings import FINDINGS_ANNOTATION, format_time
+from exporter.core.ultraserver import FABRIC_ANNOTATION, NodeFabric
 from exporter.sim import fidelity as fid
 from exporter.sim import hyperpod_layout as layout
 from exporter.sim.elastic import HYPERPOD_KIND, ElasticOperator, HyperPodSpec
 from exporter.sim.fidelity import Fidelity
 from exporter.sim.hyperpod_layout import ClusterShape, SimNode, default_shape
 from exporter.sim.job_arrivals import JobArrivals, JobRequest
+from exporter.sim.kueue import checks as kc
 from exporter.sim.kueue import objects as ko
 from exporter.sim.kueue import status as ks
+from exporter.sim.kueue.checks import AdmissionChecks
 from exporter.sim.kueue.decisions import Decision, DecisionLog, ScaleTruth
 from exporter.sim.kueue.output import ApiOutput, ClusterWriter
 from exporter.sim.kueue.scheduler import (
@@ -102,6 +114,7 @@ class SimulatedCluster:
         elastic: bool | None = None,
         fidelity: Fidelity | None = None,
         faults: FaultRates | None = None,
+        admission_checks: AdmissionChecks | None = None,
     ) -> None:
         """`elastic`: run elastic training jobs (exporter.sim.elastic): the shape's bootstrap
         elastic jobs and elastic arrivals. None (the default) turns them on for a living
@@ -110,7 +123,12 @@ class SimulatedCluster:
         richer cluster (every resource, tainted pools, mixed flavors, several pod sets, a
         cohort tree); None keeps the demo's GPU-only one. `faults`: nodes fail at these rates
         and HyperPod recovers them and auto-resumes the jobs they stopped
-        (exporter/sim/node_faults.py); `truth` then records what really happened."""
+        (exporter/sim/node_faults.py); `truth` then records what really happened.
+        `admission_checks`: the ClusterQueues list these AdmissionChecks and Kueue runs them
+        (exporter/sim/kueue/checks.py): a workload with quota reserved waits, its Job
+        suspended, until a check controller sets every check Ready in the API server
+        (`writer` must then also read: `get(plural, namespace, name)`). Elastic jobs' Workloads
+        are not held by checks (a simplification)."""
         if elastic is None:
             elastic = shape.arrivals_per_minute > 0 or shape.initial_workloads > 0
         self._shape = shape
@@ -172,6 +190,19 @@ class SimulatedCluster:
         self._starting: dict[str, float] = {}
         self._faults_at = start
         self._boots: dict[str, int] = {}  # node -> reboots and replacements so far (boot ID)
+        # Admission checks (exporter/sim/kueue/checks.py): the config, where the check
+        # controllers' verdicts are read back, each check's Active state, and each inactive
+        # ClusterQueue's (reason, message, since).
+        self._ac = admission_checks
+        getter = getattr(writer, "get", None)
+        self._get: Callable[[str, str, str], dict[str, Any] | None] | None = (
+            getter if admission_checks is not None and callable(getter) else None
+        )
+        self._check_active: dict[str, bool] = {}
+        self._cq_inactive: dict[str, tuple[str, str, float]] = {}
+        self._cq_active_since: dict[str, float] = {}  # active again since
+        self._reserved_at: dict[str, float] = {}  # reserved, checks not all Ready -> since
+        self._reserved_verdict: dict[str, Verdict] = {}  # ... and where it was placed
 
     # --- public API -------------------------------------------------------------------------
 
@@ -215,6 +246,7 @@ class SimulatedCluster:
         for spec in self._cohorts.values():
             cohort = ko.cohort_manifest(spec.name, self._uid_of(spec.name), t, spec)
             self._out.put("cohorts", cohort)
+        self._write_admission_checks(t)
         if self._elastic.enabled:  # elastic jobs were running before the queued random ones
             before = self._elastic_state()
             self._elastic.bootstrap(t)
@@ -253,6 +285,7 @@ class SimulatedCluster:
         for job in self._arrivals.until(now):
             self._submit_random(job)
         self._now = self._clock = now
+        self._run_checks(now)
         self._schedule()
         self._tick(now)
         before = self._elastic_state()
@@ -442,7 +475,7 @@ class SimulatedCluster:
         waits for the next step. The status pass brings waiting workloads' reasons up to date
         with the state the step ends in."""
         self._state.fresh.clear()
-        pending = [w for w in self._workloads.values() if w.phase == "pending"]
+        pending = [w for w in self._workloads.values() if self._queued(w)]
         # scheduler.go makeClassicalIterator: preemptors nominated last cycle first, then
         # entries within nominal quota before borrowing ones (as assigned against the cycle's
         # snapshot), then higher priority, then FIFO.
@@ -471,7 +504,19 @@ class SimulatedCluster:
             if isinstance(decision, Admit):
                 self._admit(w, decision)
                 self._state.fresh.add(w.key)
-                self._record(w, "admitted", decision.verdict)
+                if w.phase == "reserved":  # quota reserved; its admission checks decide
+                    pending_checks = ", ".join(c["name"] for c in w.checks)
+                    verdict = Verdict(
+                        kc.CAUSE,
+                        flavor=decision.verdict.flavor,
+                        level=decision.verdict.level,
+                        domains=decision.verdict.domains,
+                        detail=f"admission checks pending: {pending_checks}",
+                    )
+                    self._record(w, "reserved", verdict, kc.UNSATISFIED_MESSAGE)
+                    self._reserved_verdict[w.key] = decision.verdict
+                else:
+                    self._record(w, "admitted", decision.verdict)
             elif isinstance(decision, Preempt):
                 preempting |= pools
                 self._preemptors.add(w.key)
@@ -498,7 +543,7 @@ class SimulatedCluster:
         the reason the state the step ends in gives it, as Kueue's next cycle would write it;
         one it could admit or preempt for now keeps its old one until the next step."""
         pending = sorted(
-            (w for w in self._workloads.values() if w.phase == "pending"),
+            (w for w in self._workloads.values() if self._queued(w)),
             key=lambda w: (not w.nominated, -w.priority, w.queued_at, w.created, w.key),
         )
         for w in pending:
@@ -585,8 +630,28 @@ class SimulatedCluster:
             Holding(w.key, cq, w.flavor, w.priority, now, w.gpus_per_pod, placement, pod_sets)
         )
         placements = {ps.name: ps.placement for ps in held} if w.pod_sets else None
-        ks.mark_admitted(w, placement, now, placements)
         waited = now - w.queued_at
+        if self._sync_checks(w, reserved=True):  # scheduler.go prepareWorkload
+            ks.mark_reserved(w, placement, now, placements)
+            w.phase, w.nominated, w.pending_message = "reserved", False, ""
+            self._reserved_at[w.key] = now
+            self._write_workload(w)
+            self._out.event(w, "QuotaReserved", ks.quota_reserved_note(cq, waited), now)
+            return
+        ks.mark_admitted(w, placement, now, placements)
+        self._unsuspend(w, held, new_pods, now)
+        self._write_workload(w)
+        self._out.event(w, "QuotaReserved", ks.quota_reserved_note(cq, waited), now)
+        self._out.event(w, "Admitted", ks.admitted_note(cq), now)
+
+    def _unsuspend(
+        self,
+        w: ko.SimWorkload,
+        held: tuple[HeldPodSet, ...],
+        new_pods: tuple[tuple[str, int], ...],
+        now: float,
+    ) -> None:
+        """Admitted: the Job is unsuspended and its pods start."""
         w.phase, w.nominated, w.pending_message = "admitted", False, ""
         w.started, w.finish_at = now, now + w.remaining
         up = self._open_ups.get(w.key)
@@ -604,9 +669,6 @@ class SimulatedCluster:
             if self.truth is not None:  # a plain Job's pods run at once
                 self.truth.admitted(_job_key(w), now)
                 self.truth.started(_job_key(w), now)
-        self._write_workload(w)
-        self._out.event(w, "QuotaReserved", ks.quota_reserved_note(cq, waited), now)
-        self._out.event(w, "Admitted", ks.admitted_note(cq), now)
 
     def _evict(
         self, victim: ko.SimWorkload, preemptor: ko.SimWorkload, reason: PreemptionReason
@@ -624,12 +686,15 @@ class SimulatedCluster:
         )
         if victim.elastic:
             self._scale_preempted(victim)
-        if self.truth is not None and not victim.elastic:
+        if self.truth is not None and not victim.elastic and victim.phase == "admitted":
             self.truth.stopped(_job_key(victim), victim.name, now, "preempted")
             self._restarts.pop(victim.key, None)
             self._starting.pop(victim.key, None)
         # The Job controller suspends the Job and its pods go; Kueue then releases the quota.
         self._release(victim)
+        victim.checks = kc.reset_on_eviction(victim.checks, ko.rfc3339(now))
+        self._reserved_at.pop(victim.key, None)
+        self._reserved_verdict.pop(victim.key, None)
         ks.mark_requeued(victim, message, now)
         victim.phase, victim.queued_at, victim.pending_message = "pending", now, message
         ran = now - (victim.started if victim.started is not None else now)
@@ -662,8 +727,8 @@ class SimulatedCluster:
             self._out.drop("pods", w.namespace, pod.name)
         w.sim_pods = []
 
-    def _set_pending(self, w: ko.SimWorkload, message: str) -> None:
-        ks.mark_pending(w, message, self._clock)
+    def _set_pending(self, w: ko.SimWorkload, message: str, reason: str = "Pending") -> None:
+        ks.mark_pending(w, message, self._clock, reason)
         if message != w.pending_message:
             w.pending_message = message
             self._out.event(w, "Pending", message, self._clock, type_="Warning")
@@ -672,6 +737,202 @@ class SimulatedCluster:
     def _queue_path(self, cluster_queue: str) -> str:
         """The cohort path Kueue prints in preemption messages (buildCQPath)."""
         return self._state.queue_path(cluster_queue)
+
+    # --- admission checks (exporter/sim/kueue/checks.py) -------------------------------------
+
+    def _queued(self, w: ko.SimWorkload) -> bool:
+        """In Kueue's queue: pending, past any admission-check backoff (workload_controller.go
+        keeps it out until requeueAt), in an active ClusterQueue."""
+        return (
+            w.phase == "pending"
+            and w.backoff_until is None
+            and w.cluster_queue not in self._cq_inactive
+        )
+
+    def _write_admission_checks(self, now: float) -> None:
+        """The AdmissionCheck objects, as an admin creates them; a check's `Active` condition
+        is its controller's to set (written here only when the config says so)."""
+        if self._ac is None:
+            return
+        for check in self._ac.checks if self._ac.create else ():
+            uid = self._uid_of(f"admissioncheck/{check.name}")
+            manifest = kc.admission_check_manifest(check, uid, ko.rfc3339(now))
+            self._out.put("admissionchecks", manifest)
+        self._refresh_check_objects(now)
+
+    def _refresh_check_objects(self, now: float) -> None:
+        """Which checks exist and are Active (read back: their controllers set `Active`), and
+        so which ClusterQueues are inactive (clusterqueue.go updateWithAdmissionChecks)."""
+        assert self._ac is not None
+        exists: dict[str, bool] = {}
+        for check in self._ac.checks:
+            if self._get is not None:
+                obj = self._get("admissionchecks", "", check.name)
+                exists[check.name] = obj is not None
+                self._check_active[check.name] = obj is not None and kc.is_active(obj)
+            else:
+                exists[check.name] = self._ac.create
+                self._check_active[check.name] = self._ac.create and check.active
+        for cq in self._policies:
+            names = [c.name for c in self._ac.for_queue(cq)]
+            missing = [n for n in names if not exists[n]]
+            inactive = [n for n in names if exists[n] and not self._check_active[n]]
+            blocked = kc.queue_inactive(missing, inactive)
+            old = self._cq_inactive.get(cq)
+            if blocked is None:
+                if self._cq_inactive.pop(cq, None) is not None:
+                    self._cq_active_since[cq] = now
+            elif old is None or old[:2] != blocked:
+                self._cq_inactive[cq] = (*blocked, now)
+
+    def _sync_checks(self, w: ko.SimWorkload, reserved: bool) -> bool:
+        """Bring `w.checks` in step with its ClusterQueue (syncAdmissionCheckConditions,
+        AdmissionChecksForWorkload); True when it has checks and not all are Ready."""
+        if self._ac is None or w.elastic:
+            return False
+        specs = self._ac.for_queue(w.cluster_queue)
+        if not specs and not w.checks:
+            return False
+        policy = self._policies.get(w.cluster_queue)
+        flavors = policy.flavor_names() if policy is not None else []
+        assigned = {w.assigned.get(ps.name, w.flavor) for ps in w.sets()} if reserved else None
+        wanted = kc.checks_for_workload(specs, flavors, assigned)
+        w.checks = kc.sync_entries(w.checks, wanted, ko.rfc3339(self._clock))
+        return bool(w.checks) and not kc.all_ready(w.checks)
+
+    def _pull_checks(self, w: ko.SimWorkload) -> bool:
+        """Take each check entry a check controller changed in the API server since the
+        simulation last wrote it (a three-way merge per entry, keyed by name); True when one
+        was taken."""
+        if self._get is None or not w.checks:
+            return False
+        stored = self._get("workloads", w.namespace, w.name)
+        status = stored.get("status") if isinstance(stored, dict) else None
+        entries = status.get("admissionChecks") if isinstance(status, dict) else None
+        if not isinstance(entries, list):
+            return False
+        taken = False
+        theirs = {e["name"]: e for e in entries if kc.valid_entry(e)}
+        merged = []
+        for ours in w.checks:
+            name = ours["name"]
+            other, base = theirs.get(name), w.checks_written.get(name)
+            # Theirs when they changed it and the simulation did not (an eviction's reset,
+            # not yet written, wins, as Kueue's retried patch would).
+            if other is not None and base is not None and other != base and ours == base:
+                merged.append(dict(other))
+                w.checks_written[name] = dict(other)  # seen: the base of the next merge
+                taken = True
+            else:
+                merged.append(ours)
+        w.checks = merged
+        return taken
+
+    def _run_checks(self, now: float) -> None:
+        """Kueue's workload controller on every workload its checks concern: read the check
+        controllers' verdicts; a Retry's requeueAfterSeconds sets requeueAt
+        (NeedsRequeueAtUpdate); any Rejected deactivates, else any Retry evicts
+        (reconcileCheckBasedEviction); all Ready admits (SyncAdmittedCondition); a backoff
+        that has run out requeues; a ClusterQueue's inactive check holds its queue."""
+        if self._ac is None:
+            return
+        self._refresh_check_objects(now)
+        for w in sorted(self._workloads.values(), key=lambda w: w.key):
+            if w.elastic:
+                continue
+            if w.phase in ("reserved", "admitted") and w.checks:
+                taken = self._pull_checks(w)
+                at = kc.max_retry_time(w.checks)
+                if at is not None and at > now and (w.backoff_until or 0.0) < at:
+                    w.backoff_until = at
+                if kc.states(w.checks, kc.REJECTED):
+                    self._deactivate(w, now)
+                elif kc.states(w.checks, kc.RETRY):
+                    self._check_evict(w, now)
+                elif w.phase == "reserved" and kc.all_ready(w.checks):
+                    self._checks_ready(w, now)
+                elif taken:  # a verdict that changes nothing yet (a Pending message, say)
+                    self._write_workload(w)
+            elif w.phase == "pending" and w.backoff_until is not None and w.backoff_until <= now:
+                ks.mark_backoff_finished(w, now)
+                self._write_workload(w)
+            elif w.phase == "pending" and w.cluster_queue in self._cq_inactive:
+                message = f"ClusterQueue {w.cluster_queue} is inactive"
+                if message != w.pending_message:  # the workload controller's, no event
+                    reason, detail, _ = self._cq_inactive[w.cluster_queue]
+                    verdict = Verdict("misconfigured", detail=f"{reason}: {detail}")
+                    self._record(w, "pending", verdict, message)
+                    ks.mark_pending(w, message, now, "Inadmissible")
+                    w.pending_message = message
+                    self._write_workload(w)
+
+    def _checks_ready(self, w: ko.SimWorkload, now: float) -> None:
+        """Every check Ready: Admitted, the Job unsuspended, its pods start."""
+        holding = self._state.holdings.get(w.key)
+        if holding is None:  # cannot happen: a reserved workload holds its quota
+            return
+        since = self._reserved_at.pop(w.key, now)
+        ks.mark_checks_ready(w, now)
+        self._unsuspend(w, holding.sets(), holding.placement, now)
+        self._write_workload(w)
+        self._out.event(w, "Admitted", ks.admitted_note(w.cluster_queue, now - since), now)
+        placed = self._reserved_verdict.pop(w.key, Verdict(flavor=w.flavor))
+        ready = "admission checks Ready: " + ", ".join(c["name"] for c in w.checks)
+        verdict = Verdict(
+            flavor=placed.flavor, level=placed.level, domains=placed.domains, detail=ready
+        )
+        self._record(w, "admitted", verdict)
+
+    def _check_stop(self, w: ko.SimWorkload, now: float) -> None:
+        """The Job is suspended: its pods go, then Kueue releases the quota."""
+        if w.phase == "admitted":
+            if self.truth is not None:
+                self.truth.stopped(_job_key(w), w.name, now, kc.CAUSE)
+                self._restarts.pop(w.key, None)
+                self._starting.pop(w.key, None)
+            ran = now - (w.started if w.started is not None else now)
+            w.remaining = max(MIN_RUN_S, w.remaining - ran)
+        w.started = w.finish_at = None
+        self._release(w)
+        self._reserved_at.pop(w.key, None)
+        self._reserved_verdict.pop(w.key, None)
+
+    def _check_evict(self, w: ko.SimWorkload, now: float) -> None:
+        """A check is Retry: evicted (reason AdmissionCheck), quota released, checks reset to
+        Pending, requeued once requeueAt (a Retry's requeueAfterSeconds) has passed."""
+        message = "Evicted due to " + kc.checks_message(kc.states(w.checks, kc.RETRY), kc.RETRY)
+        detail = "Retry: " + ", ".join(c["name"] for c in kc.states(w.checks, kc.RETRY))
+        self._record(
+            w, "evicted", Verdict(kc.CAUSE, detail=detail), message, reason=kc.EVICTED_BY_CHECK
+        )
+        self._check_stop(w, now)
+        ks.mark_check_evicted(w, kc.EVICTED_BY_CHECK, message, now)
+        self._out.event(w, "EvictedDueToAdmissionCheck", message, now)
+        w.phase, w.queued_at, w.pending_message, w.nominated = "pending", now, message, False
+        if w.backoff_until is None or w.backoff_until <= now:
+            ks.mark_backoff_finished(w, now)
+        self._write_workload(w)
+
+    def _deactivate(self, w: ko.SimWorkload, now: float) -> None:
+        """A check is Rejected: DeactivationTarget, spec.active false, then evicted (reason
+        DeactivatedDueToAdmissionCheck, requeueState cleared), quota released; it stays
+        inactive until someone sets spec.active again (not simulated)."""
+        rejected = kc.checks_message(kc.states(w.checks, kc.REJECTED), kc.REJECTED)
+        message = "The workload is deactivated due to " + rejected
+        detail = "Rejected: " + ", ".join(c["name"] for c in kc.states(w.checks, kc.REJECTED))
+        self._record(
+            w, "deactivated", Verdict(kc.CAUSE, detail=detail), message, reason=kc.EVICTED_BY_CHECK
+        )
+        self._out.event(
+            w, "AdmissionCheckRejected", f"Deactivated due to {rejected}", now, "Warning"
+        )
+        self._check_stop(w, now)
+        ks.mark_check_evicted(w, kc.DEACTIVATED_BY_CHECK, message, now)
+        self._out.event(w, "EvictedDueToDeactivatedDueToAdmissionCheck", message, now)
+        w.active, w.phase, w.pending_message, w.nominated = False, "inactive", message, False
+        w.backoff_until = w.requeue_at = None
+        w.requeue_count = 0
+        self._write_workload(w)
 
     # --- elastic jobs: the operator's scale events, as it caused them --------------------------
 
@@ -940,7 +1201,9 @@ class SimulatedCluster:
         for key, w in list(self._workloads.items()):
             done = w.finished_at is not None and w.finished_at + FINISHED_RETENTION_S <= now
             abandoned = (
-                w.phase == "pending" and not w.scripted and now - w.created >= ABANDON_AFTER_S
+                w.phase in ("pending", "inactive")
+                and not w.scripted
+                and now - w.created >= ABANDON_AFTER_S
             )
             if done or abandoned:
                 if self.truth is not None and not w.elastic:
@@ -963,7 +1226,11 @@ class SimulatedCluster:
             self._seen.add(w.key)
             if w.elastic:
                 self._scale_requested(w)
+        if self._ac is not None and not w.elastic:
+            self._pull_checks(w)
+            self._sync_checks(w, reserved=w.phase in ("reserved", "admitted"))
         self._out.put("workloads", ko.workload_manifest(w, layout.INSTANCE_TYPE))
+        w.checks_written = {c["name"]: dict(c) for c in w.checks}
 
     def _write_node(self, node: SimNode) -> None:
         health = self._health[node.name]
@@ -980,6 +1247,12 @@ class SimulatedCluster:
             if node.name in self._garbled:
                 text = text[: len(text) // 2] + "\u0000{"
             manifest["metadata"]["annotations"] = {FINDINGS_ANNOTATION: text}
+        us = node.labels.get(layout.ULTRASERVER, "")
+        if us:  # the agent's NVLink fabric summary (issue 30); it stays while the node is down
+            fabric = NodeFabric(
+                node.gpus, node.gpus, str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{us}.fabric")), 32766
+            )  # the cluster UUID the simulated NVML gives the UltraServer's GPUs
+            manifest["metadata"].setdefault("annotations", {})[FABRIC_ANNOTATION] = fabric.to_json()
         if node.name in self._down:
             for cond in manifest["status"]["conditions"]:
                 if cond["type"] == "Ready":
@@ -1025,17 +1298,36 @@ class SimulatedCluster:
             }
             members = [w for w in self._workloads.values() if w.cluster_queue == cq]
             admitted = sum(1 for w in members if w.phase == "admitted")
+            reserving = admitted + sum(1 for w in members if w.phase == "reserved")
             pending = sum(1 for w in members if w.phase == "pending")
-            counts = ko.QueueCounts(pending=pending, reserving=admitted, admitted=admitted)
-            self._out.put(
-                "clusterqueues",
-                ko.cluster_queue_manifest(policy, ns, usage, counts, self._uid_of(cq), self._start),
+            counts = ko.QueueCounts(pending=pending, reserving=reserving, admitted=admitted)
+            checks = self._ac.for_queue(cq) if self._ac is not None else ()
+            manifest = ko.cluster_queue_manifest(
+                policy,
+                ns,
+                usage,
+                counts,
+                self._uid_of(cq),
+                self._start,
+                checks,
+                self._cq_inactive.get(cq),
+                self._cq_active_since.get(cq),
             )
+            self._out.put("clusterqueues", manifest)
             lq_uid = self._uid_of(f"{ns}/{lq}")
-            self._out.put(
-                "localqueues",
-                ko.local_queue_manifest(lq, ns, cq, usage, counts, lq_uid, self._start),
+            blocked = self._cq_inactive.get(cq)
+            lq_manifest = ko.local_queue_manifest(
+                lq,
+                ns,
+                cq,
+                usage,
+                counts,
+                lq_uid,
+                self._start,
+                blocked[2] if blocked else None,
+                self._cq_active_since.get(cq),
             )
+            self._out.put("localqueues", lq_manifest)
 
     # --- node faults (exporter/sim/node_faults.py) ----------------------------------------------
 

@@ -36,6 +36,8 @@ from exporter.sim.hardware.node import SimulatedNode
 from exporter.sim.hardware.profiles import get_profile
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from exporter.sim.kubeapi.store import StoredEntry
+from exporter.sim.kueue import checks as kueue_checks
+from exporter.sim.kueue.checks import AdmissionChecks
 from exporter.sim.node_faults import FaultKind, FaultRates
 from exporter.sources.kubeapi import KubeApi
 from exporter.topology.labels import HEALTH_STATUS_KEY
@@ -149,8 +151,15 @@ class SharedNodes:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
         self._written: dict[str, Obj] = {}  # node -> what the simulation wrote last
+        self._checks: dict[tuple[str, str], list[Obj]] = {}  # workload -> admissionChecks
+
+    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """What the store holds (the simulation reads check controllers' verdicts back)."""
+        return self.store.get(plural, namespace, name)
 
     def upsert(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
+        if plural == "workloads":
+            return self._upsert_workload(obj)
         if plural != "nodes":
             return self.store.upsert(plural, obj)
         resource = self.store.resource(plural)
@@ -168,7 +177,32 @@ class SharedNodes:
     def delete(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         if plural == "nodes":
             self._written.pop(name, None)
+        self._checks.pop((namespace, name), None)
         return self.store.delete(plural, namespace, name)
+
+    def _upsert_workload(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """A Workload, its status.admissionChecks merged three ways in one atomic write: a
+        check controller's verdict patched since the simulation's last write survives it."""
+        checks = (obj.get("status") or {}).get("admissionChecks")
+        if not checks:
+            meta = obj.get("metadata") or {}
+            self._checks.pop((meta.get("namespace", ""), meta.get("name", "")), None)
+            return self.store.upsert("workloads", obj)
+        resource = self.store.resource("workloads")
+        ours = self.store.prepare(resource, obj)
+        key = ObjectStore.key_of(resource, ours)
+        base = self._checks.get(key)
+
+        def build(current: StoredEntry | None) -> Obj:
+            if current is None or base is None:
+                return ours
+            theirs = (current.obj.get("status") or {}).get("admissionChecks") or []
+            merged = kueue_checks.merge_entries(base, checks, theirs)
+            return {**ours, "status": {**ours["status"], "admissionChecks": merged}}
+
+        entry, _ = self.store.write(resource, key, build)
+        self._checks[key] = copy.deepcopy(checks)
+        return entry.copy()
 
 
 REBOOT_LABEL = "UnschedulablePendingReboot"
@@ -214,13 +248,16 @@ class SimulatedEnvironment:
         repair: HyperPodRepair | None = None,
         history_s: float = 0.0,
         history_step_s: float = 2.0,
+        admission_checks: AdmissionChecks | None = None,
     ) -> None:
         """`faults`: nodes fail at these rates (Meta's mix, scaled), HyperPod repairs them and
         auto-resumes the jobs (exporter/sim/node_faults.py); `cluster.truth` records it.
         `repair`: HyperPod carries out the reboots and replacements its health label asks for,
         whoever set it (faults on at rate 0 when `faults` is None: the repair path is theirs).
         `history_s`: the cluster has run that long, in `history_step_s` steps, when `start`
-        returns."""
+        returns. `admission_checks`: the ClusterQueues list these AdmissionChecks and the
+        simulated Kueue waits for their controllers' verdicts in the store
+        (exporter/sim/kueue/checks.py)."""
         if repair is not None and faults is None:
             faults = FaultRates(scale=0.0, remediation_per_1000_node_days=0.0)
         self.store = ObjectStore()
@@ -233,6 +270,7 @@ class SimulatedEnvironment:
             seed=seed,
             start=clock() - self.history_s,
             faults=faults,
+            admission_checks=admission_checks,
         )
         self.server = FakeApiServer(self.store)
         self.tick = tick

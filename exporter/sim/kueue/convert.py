@@ -12,6 +12,9 @@ arrive at either. Only the real schema differences are converted (diffed from th
   became rules in `spec.admissionChecksStrategy`; the `Borrow` / `Preempt` fungibility
   values are gone.
 - LocalQueue: `status.flavorUsage` became `status.flavorsUsage`; `status.flavors` is gone.
+- AdmissionCheck: v1beta1's deprecated `spec.retryDelayMinutes` (default 15, which the API
+  server fills in when serving v1beta1) is gone from v1beta2. A Workload's
+  `status.admissionChecks` is the same in both versions.
 - Fields one version lacks are dropped, as schema pruning would.
 
 Conversion is tolerant: a malformed piece is left out (never an exception), so one bad
@@ -37,6 +40,7 @@ _REF_FOR_SOURCE = {
 }
 _MAX_ROOTS = 100_000  # the CRD's maxItems for roots and individual pod counts
 _MAX_AFFIX = 63
+_RETRY_DELAY_MINUTES = 15  # v1beta1 AdmissionCheck spec.retryDelayMinutes default
 _REMOVED_FUNGIBILITY = {"whenCanBorrow": "Borrow", "whenCanPreempt": "Preempt"}
 
 Obj = dict[str, Any]
@@ -94,6 +98,8 @@ def _up(kind: object, obj: Obj) -> None:
         if status is not None:
             _rename(status, "flavorUsage", "flavorsUsage")
             status.pop("flavors", None)
+    elif kind == "AdmissionCheck" and spec is not None:
+        spec.pop("retryDelayMinutes", None)
     elif kind == "Cohort" and status is not None:
         _drop_admission_fair_sharing(status)
 
@@ -128,6 +134,8 @@ def _down(kind: object, obj: Obj) -> None:
             spec.pop("concurrentAdmissionPolicy", None)
     elif kind == "LocalQueue" and status is not None:
         _rename(status, "flavorsUsage", "flavorUsage")
+    elif kind == "AdmissionCheck" and spec is not None:
+        spec.setdefault("retryDelayMinutes", _RETRY_DELAY_MINUTES)
 
 
 def domains_from_slices(slices: object) -> Iterator[tuple[tuple[str, ...], int]]:

@@ -3,7 +3,11 @@ why, in the cluster service's vocabulary, so a run can be replayed and judged.
 
 One `Decision` per scheduling decision (kind "admitted", "pending" or "preempted", one
 "preempted" per victim, carrying the preemptor's cause), with the seed and the step
-(`SimulatedCluster.step` calls, counted from 1; 0 is the bootstrap) that replay it. Causes:
+(`SimulatedCluster.step` calls, counted from 1; 0 is the bootstrap) that replay it. With
+admission checks on (exporter/sim/kueue/checks.py) a quota reservation is kind "reserved"
+(cause "admission_check", `detail` the checks pending, `domains` where it will run) and
+"admitted" follows when every check is Ready; a Retry is kind "evicted" and a Rejected kind
+"deactivated" (cause "admission_check", `reason` "AdmissionCheck", `message` Kueue's). Causes:
 
 - "quota": the pod set's flavor lacks quota; `resource` and `amount` say which and how much in
   Kueue's units ("500Gi"), `detail` whether over the maximum capacity or the unused quota;
@@ -32,7 +36,7 @@ class Decision:
     seed: int
     step: int
     time: float
-    kind: str  # admitted | pending | preempted
+    kind: str  # admitted | pending | preempted | reserved | evicted | deactivated
     workload: str  # namespace/name
     uid: str
     cluster_queue: str

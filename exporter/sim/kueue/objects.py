@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from exporter.sim.kueue.checks import CheckSpec, strategy_manifest
 from exporter.sim.kueue.resources import (
     CPU,
     KI,
@@ -142,6 +143,15 @@ class SimWorkload:
     assigned: dict[str, str] = field(default_factory=dict)
     # The resources its ClusterQueue covers (status.admission lists those), set when written.
     covered: tuple[str, ...] = ()
+    # Admission checks (exporter/sim/kueue/checks.py): status.admissionChecks entries, and
+    # what the simulation last wrote of each (to tell a check controller's change from its
+    # own); spec.active; a Retry's backoff (status.requeueState.requeueAt); evictions other
+    # than preemptions by (reason, underlyingCause) for status.schedulingStats.
+    checks: list[Obj] = field(default_factory=list)
+    checks_written: dict[str, Obj] = field(default_factory=dict)
+    active: bool = True
+    backoff_until: float | None = None
+    other_evictions: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -482,7 +492,13 @@ def cluster_queue_manifest(
     counts: QueueCounts,
     uid: str,
     created: float,
+    checks: Sequence[CheckSpec] = (),
+    inactive: tuple[str, str, float] | None = None,
+    active_since: float | None = None,
 ) -> Obj:
+    """A ClusterQueue; `checks` it lists in spec.admissionChecksStrategy, and `inactive`
+    (reason, message, since) when a check it lists is missing or inactive
+    (exporter/sim/kueue/checks.py `queue_inactive`); `active_since`: active again since."""
     name, cohort = policy.name, policy.cohort
     m = meta(name, uid, created)
     m["finalizers"] = [RESOURCE_IN_USE]
@@ -495,7 +511,19 @@ def cluster_queue_manifest(
             "policy": "LowerPriority",
             "maxPriorityThreshold": policy.borrow_within_cohort_max_priority,
         }
-    return {
+    active: Obj = {
+        "type": "Active",
+        "status": "True",
+        "reason": "Ready",
+        "message": "Can admit new workloads",
+        "lastTransitionTime": rfc3339(active_since or created),
+        "observedGeneration": 1,
+    }
+    if inactive is not None:
+        reason, message, since = inactive
+        active.update(status="False", reason=reason, message=message)
+        active["lastTransitionTime"] = rfc3339(since)
+    out: Obj = {
         "apiVersion": KUEUE_API,
         "kind": "ClusterQueue",
         "metadata": m,
@@ -517,16 +545,7 @@ def cluster_queue_manifest(
             "stopPolicy": "None",
         },
         "status": {
-            "conditions": [
-                {
-                    "type": "Active",
-                    "status": "True",
-                    "reason": "Ready",
-                    "message": "Can admit new workloads",
-                    "lastTransitionTime": rfc3339(created),
-                    "observedGeneration": 1,
-                }
-            ],
+            "conditions": [active],
             "flavorsReservation": _usage_list(usage, with_borrowed=True),
             "flavorsUsage": _usage_list(usage, with_borrowed=True),
             "pendingWorkloads": counts.pending,
@@ -534,6 +553,9 @@ def cluster_queue_manifest(
             "admittedWorkloads": counts.admitted,
         },
     }
+    if checks:
+        out["spec"]["admissionChecksStrategy"] = strategy_manifest(checks)
+    return out
 
 
 def local_queue_manifest(
@@ -544,23 +566,33 @@ def local_queue_manifest(
     counts: QueueCounts,
     uid: str,
     created: float,
+    inactive_since: float | None = None,
+    active_since: float | None = None,
 ) -> Obj:
+    """A LocalQueue; `inactive_since`: its ClusterQueue is inactive (localqueue_controller.go:
+    Active False, ClusterQueueIsInactive, "Can't submit new workloads to clusterQueue")."""
+    active: Obj = {
+        "type": "Active",
+        "status": "True",
+        "reason": "Ready",
+        "message": "Can submit new workloads to localQueue",
+        "lastTransitionTime": rfc3339(active_since or created),
+        "observedGeneration": 1,
+    }
+    if inactive_since is not None:
+        active.update(
+            status="False",
+            reason="ClusterQueueIsInactive",
+            message="Can't submit new workloads to clusterQueue",
+            lastTransitionTime=rfc3339(inactive_since),
+        )
     return {
         "apiVersion": KUEUE_API,
         "kind": "LocalQueue",
         "metadata": meta(name, uid, created, namespace),
         "spec": {"clusterQueue": cluster_queue, "stopPolicy": "None"},
         "status": {
-            "conditions": [
-                {
-                    "type": "Active",
-                    "status": "True",
-                    "reason": "Ready",
-                    "message": "Can submit new workloads to localQueue",
-                    "lastTransitionTime": rfc3339(created),
-                    "observedGeneration": 1,
-                }
-            ],
+            "conditions": [active],
             "flavorsReservation": _usage_list(usage, with_borrowed=False),
             "flavorsUsage": _usage_list(usage, with_borrowed=False),
             "pendingWorkloads": counts.pending,
@@ -634,7 +666,7 @@ def workload_manifest(w: SimWorkload, instance_label: str) -> Obj:
     if w.annotations:
         m["annotations"] = dict(w.annotations)
     m["ownerReferences"] = _owner(w)
-    if w.phase == "admitted":
+    if w.phase in ("admitted", "reserved"):
         m["finalizers"] = [RESOURCE_IN_USE]
     pod_sets = []
     for ps in w.sets():
@@ -658,18 +690,28 @@ def workload_manifest(w: SimWorkload, instance_label: str) -> Obj:
         status["resourceRequests"] = [
             {"name": ps.name, "resources": _requests(_totals(w, ps))} for ps in w.sets()
         ]
+    if w.checks:
+        status["admissionChecks"] = [dict(c) for c in w.checks]
+    requeue: Obj = {}
     if w.requeue_count and w.requeue_at is not None:
-        status["requeueState"] = {"count": w.requeue_count, "requeueAt": rfc3339(w.requeue_at)}
-    if w.evictions:
-        status["schedulingStats"] = {
-            "evictions": [{"reason": "Preempted", "underlyingCause": "", "count": w.evictions}]
-        }
+        requeue = {"count": w.requeue_count, "requeueAt": rfc3339(w.requeue_at)}
+    later = w.requeue_at is None or not requeue or (w.backoff_until or 0.0) > w.requeue_at
+    if w.backoff_until is not None and later:  # SetRequeueState: the later requeueAt wins
+        requeue["requeueAt"] = rfc3339(w.backoff_until)
+    if requeue:
+        status["requeueState"] = requeue
+    evictions = [{"reason": "Preempted", "underlyingCause": "", "count": w.evictions}]
+    evictions = evictions if w.evictions else []
+    for (reason, cause), count in sorted(w.other_evictions.items()):
+        evictions.append({"reason": reason, "underlyingCause": cause, "count": count})
+    if evictions:
+        status["schedulingStats"] = {"evictions": evictions}
     return {
         "apiVersion": KUEUE_API,
         "kind": "Workload",
         "metadata": m,
         "spec": {
-            "active": True,
+            "active": w.active,
             "queueName": w.local_queue,
             "priorityClassRef": {
                 "group": "kueue.x-k8s.io",

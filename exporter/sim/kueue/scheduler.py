@@ -29,9 +29,13 @@ simulation can serve as an oracle for the service's judgments. The rules are Kue
   ones of the queue itself, in Kueue's order; removed one by one until the workload fits
   (quota and TAS), then put back in reverse order when not needed.
 
+Admission checks are not the scheduler's business in Kueue either: an `Admit` here is a quota
+reservation; the ClusterQueue's AdmissionChecks then decide whether it is admitted, evicted or
+deactivated (`checks.py`, run by exporter/sim/cluster.py).
+
 Deliberate simplifications, each noted where it applies: no fair sharing, no partial
-admission, no admission checks, no slices/leaders in TAS, flavor search restarts at the first
-flavor every time (Kueue resumes after the last tried one, `LastTriedFlavorIdx`).
+admission, no slices/leaders in TAS, flavor search restarts at the first flavor every time
+(Kueue resumes after the last tried one, `LastTriedFlavorIdx`).
 
 Everything here is plain data in, plain data out: no clocks, no randomness, no API objects.
 """
