@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from exporter.core.ultraserver import NodeFabric
+
 GPU_RESOURCE = "nvidia.com/gpu"
 PODS_RESOURCE = "pods"  # the node's pod limit; Kueue counts one per pod (resources.OnePodRequest)
 
@@ -377,6 +379,9 @@ class Node:
     findings_read: bool = False
     # status.allocatable, every resource in Kueue's units (`allocatable_gpus` is its GPUs)
     allocatable: Resources = ()
+    # Our node agent's GPU fabric summary (topowatch.io/nvlink-fabric), None when absent or
+    # unreadable: what its UltraServer's verdict is judged with (exporter/core/ultraserver.py).
+    fabric: NodeFabric | None = None
 
     @property
     def unavailable(self) -> Literal["", "deep-health-check", "scheduled-event"]:

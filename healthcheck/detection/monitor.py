@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from exporter.core.exposition import COUNTER, GAUGE, Family
 from exporter.core.findings import Finding, identify_gpus, worst_first
 from exporter.core.snapshot import NodeSnapshot
+from exporter.core.ultraserver import NodeFabric
 from exporter.core.xid import XID_RECOVERY_ACTION_CHANGED, recovery_action_named
 from healthcheck.detection.checks import (
     FAMILIES,
@@ -27,6 +28,7 @@ from healthcheck.detection.checks import (
     run_check_families,
 )
 from healthcheck.detection.checks.base import HeldLine, collector_ok
+from healthcheck.detection.checks.fabric import node_fabric
 from healthcheck.detection.checks.kernel_log import LineKey, held_lines
 from healthcheck.detection.checks.xid_memory import NamedAction, XidMemory, remember
 from healthcheck.detection.config import HealthConfig
@@ -44,6 +46,9 @@ class HealthReport:
     taken_at: float
     findings: tuple[Finding, ...]
     failed_checks: tuple[tuple[str, str], ...] = ()  # (family, error)
+    # The GPUs' NVLink fabric summary the cluster judges the node's UltraServer with
+    # (exporter/core/ultraserver.py); None where no GPU has a fabric.
+    fabric: NodeFabric | None = None
 
     @property
     def actionable(self) -> tuple[Finding, ...]:
@@ -134,7 +139,12 @@ class HealthMonitor:
                 self._runs[name] = self._runs.get(name, 0) + 1
             for name in failed:
                 self._errors[name] = self._errors.get(name, 0) + 1
-        report = HealthReport(snapshot.node, now, tuple(findings), run.failed)
+        try:
+            fabric = node_fabric(snapshot)
+        except Exception:  # a malformed reading: say nothing about the fabric, keep the report
+            self._note_failure("fabric_summary", "could not summarize the fabric", exc_info=True)
+            fabric = None
+        report = HealthReport(snapshot.node, now, tuple(findings), run.failed, fabric)
         self.last = report
         return report
 

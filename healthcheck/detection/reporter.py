@@ -50,6 +50,7 @@ from exporter.core.findings import (
     worst_first,
 )
 from exporter.core.provenance import AGENT_FIELD_MANAGER, owners
+from exporter.core.ultraserver import FABRIC_ANNOTATION
 from exporter.sources.kubeapi import ApiError, KubeApi
 from healthcheck.detection.monitor import HealthMonitor, HealthReport
 
@@ -77,6 +78,13 @@ def signature(report: HealthReport) -> Signature:
 def published(report: HealthReport) -> tuple[Finding, ...]:
     """What the annotation carries: the actionable findings and the shared warnings."""
     return tuple(f for f in report.findings if f.actionable or f.check in SHARED_CHECKS)
+
+
+def fabric_value(report: HealthReport) -> str | None:
+    """The `topowatch.io/nvlink-fabric` annotation's value (exporter/core/ultraserver.py):
+    the GPUs' fabric summary the cluster judges the node's UltraServer with; None removes it
+    (no GPU with a fabric). Written with the findings, in the same patch."""
+    return report.fabric.to_json() if report.fabric is not None else None
 
 
 def _signature(findings: Iterable[Finding]) -> Signature:
@@ -121,6 +129,7 @@ class NodeReporter:
         self._refresh = refresh_seconds
         self._timeout = timeout
         self._written: Signature | None = None  # last verdict fully written
+        self._fabric_written: str | None = None  # and the fabric summary written with it
         self._written_at = 0.0
         self._evented: Signature = HEALTHY  # last verdict announced by an Event
         self._last_error: str | None = None
@@ -137,7 +146,12 @@ class NodeReporter:
         now = self._clock()
         current = signature(report)
         written = _signature(published(report))
-        if written == self._written and now - self._written_at < self._refresh:
+        fabric = fabric_value(report)
+        if (
+            written == self._written
+            and fabric == self._fabric_written
+            and now - self._written_at < self._refresh
+        ):
             return True
         try:
             if report.actionable:  # the findings first: False never comes without them
@@ -154,6 +168,7 @@ class NodeReporter:
         except (ValueError, KeyError, TypeError, AttributeError) as e:  # a malformed Node
             return self._failed("bad_response", f"{type(e).__name__}: {e}")
         self._written, self._written_at = written, now
+        self._fabric_written = fabric
         if self._last_error is not None:
             log.info("reporting node health to the API server works again")
             self._last_error = None
@@ -202,7 +217,8 @@ class NodeReporter:
     def _write_annotation(self, report: HealthReport) -> None:
         value = findings_to_json(published(report))
         path = self._node_path() + FIELD_MANAGER
-        body = {"metadata": {"annotations": {FINDINGS_ANNOTATION: value}}}
+        annotations = {FINDINGS_ANNOTATION: value, FABRIC_ANNOTATION: fabric_value(report)}
+        body = {"metadata": {"annotations": annotations}}
         written = self.api.patch(path, body, timeout=self._timeout)
         if _owned_by_another(written):
             removal = {"metadata": {"annotations": {FINDINGS_ANNOTATION: None}}}

@@ -18,6 +18,7 @@ from typing import Any
 
 from exporter.core.exposition import COUNTER, Family
 from healthcheck.remediation.policy import Decision
+from healthcheck.remediation.rack import RackDecision
 
 log = logging.getLogger("topowatch.audit")
 
@@ -90,6 +91,29 @@ class Auditor:
         self._write(record, logging.INFO)
         with self._lock:
             self.counts[(decision.verdict, decision.reason, decision.action or "none")] += 1
+        return record
+
+    def rack(self, decision: RackDecision) -> AuditRecord:
+        """One record for a rack-level decision (rack.py), about the rack's first bad node (so
+        its Event lands on a Node) and naming the UltraServer and all its members."""
+        anchor = decision.bad[0] if decision.bad else decision.members[0]
+        detail = (
+            f"UltraServer {decision.rack}: {decision.detail}; rack nodes:"
+            f" {', '.join(decision.members)}; bad: {', '.join(decision.bad)}"
+        )
+        record = AuditRecord(
+            "decision",
+            anchor,
+            decision.verdict,
+            decision.reason,
+            detail,
+            decision.at,
+            decision.action,
+            decision.mode,
+        )
+        self._write(record, logging.INFO)
+        with self._lock:
+            self.counts[(decision.verdict, decision.reason, decision.action)] += 1
         return record
 
     def outcome(self, node: str, action: str, ok: bool, detail: str, at: float) -> AuditRecord:

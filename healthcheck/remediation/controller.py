@@ -53,7 +53,7 @@ from exporter.core.findings import (
     format_time,
 )
 from exporter.core.provenance import screen_node
-from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY
+from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY, ULTRASERVER_KEY
 from healthcheck.remediation.alerts import (
     ALERTS_ANNOTATION,
     AlertSignal,
@@ -93,7 +93,15 @@ from healthcheck.remediation.policy import (
     settle,
     strongest,
 )
-from healthcheck.remediation.providers.base import ActionRequest, Provider
+from healthcheck.remediation.providers.base import ActionRequest, ActionResult, Provider
+from healthcheck.remediation.rack import (
+    RackConfig,
+    RackDecision,
+    RackRequest,
+    decide_racks,
+    escalate,
+    facts_after,
+)
 from healthcheck.remediation.state import (
     ACTIONS,
     Action,
@@ -160,6 +168,7 @@ def read_node(obj: Mapping[str, Any]) -> NodeReport | None:
         deep_health=str(labels.get(DEEP_HEALTH_CHECK_KEY) or ""),
         boot_id=boot_id if isinstance(boot_id, str) else "",
         resolved_alerts=resolves,
+        ultraserver=str(labels.get(ULTRASERVER_KEY) or ""),
     )
 
 
@@ -336,6 +345,8 @@ class RemediationController:
         }
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        # Rack-level decisions (rack.py) of the last round that audited any, for status/tests.
+        self.rack_decisions: list[RackDecision] = []
 
     # -- inputs (any thread, never block) --
 
@@ -423,13 +434,15 @@ class RemediationController:
                 self._dirty |= {n for n, r in self._requested.items() if r is not None}
                 self._dirty |= set(self._states) & set(self._views)  # lifecycle clocks
                 self._expire_alerts(now, records)
-            decisions, acts = self._decide(now, records)
+            decisions, acts, rack_acts = self._decide(now, records)
             unwritten, self._unwritten = self._unwritten, []
             remembered = self._resolves_to_write()
         for name, state in unwritten:
             self._store(name, state, now, records)
         self._store_resolves(remembered, now, records)
         self._act(acts, now, records)
+        for rack in rack_acts:
+            self._act_rack(rack, now, records)
         self._post_events(records)
         return decisions
 
@@ -679,12 +692,27 @@ class RemediationController:
                 self._end_alert(view, signal, "expired", why, now, records)
                 self._dirty.add(name)
 
+    def _racks(self) -> dict[str, list[str]]:
+        """UltraServer id -> the nodes this controller knows in it (from their labels)."""
+        racks: dict[str, list[str]] = {}
+        for name, view in self._views.items():
+            if view.report.ultraserver:
+                racks.setdefault(view.report.ultraserver, []).append(name)
+        return racks
+
     def _decide(
         self, now: float, records: list[AuditRecord]
-    ) -> tuple[list[Decision], list[tuple[Decision, _NodeView]]]:
+    ) -> tuple[list[Decision], list[tuple[Decision, _NodeView]], list[RackDecision]]:
         requests: list[NodeRequest] = []
         onsets: list[tuple[str, float]] = []
         audited: list[Decision] = []
+        # Only where some provider can take a rack request (else per node, as before).
+        takes = any(_takes_racks(p) for p in self.providers)
+        racks = self._racks() if self.config.rack_escalation and takes else {}
+        if racks:
+            # The share is of the whole rack: decide a dirty node's rack-mates with it.
+            touched = {self._views[n].report.ultraserver for n in self._dirty if n in self._views}
+            self._dirty |= {n for rack in touched if rack for n in racks[rack]}
         for name in sorted(self._dirty):
             view = self._views.get(name)
             if view is None:
@@ -722,11 +750,16 @@ class RemediationController:
                 continue
             requests.append(request)
         self._dirty.clear()
-        was_tripped = self.breaker.tripped
-        self.breaker = record_onsets(self.breaker, onsets, now, self.config)
-        if self.breaker.tripped and not was_tripped:
-            records.append(self.auditor.breaker("tripped", self.breaker.reason, now))
-            log.error("remediation circuit breaker tripped: %s", self.breaker.reason)
+        rack_requests: list[RackRequest] = []
+        if racks:
+            opted = [n for n, v in self._views.items() if v.report.opted_out]
+            requests, rack_requests = escalate(
+                requests, racks, RackConfig(self.config.rack_share), opted
+            )
+        folded = {n for r in rack_requests for n in r.bad}
+        # The onsets a rack request answers are counted after the rack is decided (rack.py):
+        # they must not trip the breaker against that very request.
+        self._record_onsets([o for o in onsets if o[0] not in folded], now, records)
         horizon = now - self.config.budget_window_s
         self._departed = {n: t for n, t in self._departed.items() if t > horizon}
         facts = ClusterFacts(
@@ -736,10 +769,73 @@ class RemediationController:
             ),
             started_elsewhere=frozenset(self._departed),
         )
+        # A member with an unreadable state annotation holds its rack, as it holds itself:
+        # unknown history, and the rack's action would overwrite the note a person must fix.
+        held = [r for r in rack_requests if any(m in self._bad_state for m in r.members)]
+        rack_decisions = [
+            RackDecision(
+                r.rack,
+                r.action,
+                "skip",
+                "malformed_state",
+                f"state of {', '.join(m for m in r.members if m in self._bad_state)}:"
+                f" {next(self._bad_state[m] for m in r.members if m in self._bad_state)}",
+                self.config.mode,
+                now,
+                r.members,
+                r.bad,
+                r.reasons,
+            )
+            for r in held
+        ]
+        rack_decisions += decide_racks(
+            [r for r in rack_requests if r not in held],
+            self._states,
+            facts,
+            self.breaker,
+            self.config,
+            now,
+        )
+        self._record_onsets([o for o in onsets if o[0] in folded], now, records)
+        facts = facts_after(facts, rack_decisions)
+        rack_audited = [d for d in rack_decisions if self._audit_rack(d, records)]
+        if rack_audited:
+            self.rack_decisions = rack_audited
         decisions = decide(requests, self._states, facts, self.breaker, self.config, now)
         audited += [d for d in decisions if self._audit(d, records)]
         acts = [(d, self._views[d.node]) for d in decisions if d.verdict == "act"]
-        return audited, acts
+        return audited, acts, [d for d in rack_decisions if d.verdict == "act"]
+
+    def _record_onsets(
+        self, onsets: list[tuple[str, float]], now: float, records: list[AuditRecord]
+    ) -> None:
+        was_tripped = self.breaker.tripped
+        self.breaker = record_onsets(self.breaker, onsets, now, self.config)
+        if self.breaker.tripped and not was_tripped:
+            records.append(self.auditor.breaker("tripped", self.breaker.reason, now))
+            log.error("remediation circuit breaker tripped: %s", self.breaker.reason)
+
+    def _audit_rack(self, decision: RackDecision, records: list[AuditRecord]) -> bool:
+        """Audit a rack decision once (one record naming its members), unless it repeats the
+        rack's last one; its members' own last decisions are forgotten (the rack spoke)."""
+        key = (decision.verdict, decision.reason, decision.action)
+        slot = f"ultraserver:{decision.rack}"
+        if decision.verdict == "skip" and self._last_audited.get(slot) == key:
+            self.suppressed_repeats += 1
+            return False
+        self._last_audited[slot] = key
+        for node in decision.members:
+            self._last_audited.pop(node, None)
+        records.append(self.auditor.rack(decision))
+        log.warning(
+            "UltraServer %s: %s %s (%s); nodes: %s",
+            decision.rack,
+            decision.verdict,
+            decision.action,
+            decision.detail,
+            ", ".join(decision.members),
+        )
+        return True
 
     def _repeat_offender(self, request: NodeRequest, now: float) -> NodeRequest:
         """A repeat offender's reset and reboot steps become replace (policy's
@@ -882,6 +978,99 @@ class RemediationController:
             if final is not None:
                 finals.append((request.node, final))
         self._store_many(finals, now, records)
+
+    def _act_rack(self, decision: RackDecision, now: float, records: list[AuditRecord]) -> None:
+        """Carry out one rack decision: every member's state `requested` first (attempt
+        counted, so cooldown, attempts and budget see it; none written, nothing done), then one
+        call per provider that takes racks (the webhook's `post_rack`: one POST for the rack;
+        HyperPod: each member's label, as one batch), then every member's outcome."""
+        takers = [p for p in self.providers if _takes_racks(p)]
+        members = decision.members
+        with self._lock:
+            priors = {m: self._states.get(m) for m in members}
+            objs = {m: self._views[m].obj if m in self._views else {} for m in members}
+            boots = {m: self._views[m].report.boot_id if m in self._views else "" for m in members}
+            rungs = {m: self._rungs.get(m, ()) for m in decision.bad}
+        ladder = self.config.ladder
+        # The bad members' ladder steps are marked taken, as for a node's own action, so their
+        # next failure climbs on from the rack's remedy.
+        marks = {
+            m: mark_ladder(
+                p.ladder if p is not None else (), rungs[m], decision.action, ladder, now
+            )
+            if m in rungs
+            else (p.ladder if p is not None else ())
+            for m, p in priors.items()
+        }
+        anchor = decision.bad[0] if decision.bad else members[0]
+        where = f"UltraServer {decision.rack} ({len(members)} nodes)"
+        requested = [
+            (
+                m,
+                RemediationState(
+                    action=decision.action,
+                    started_at=now,
+                    provider=",".join(p.name for p in takers) or "none",
+                    attempts=(prior.attempts if prior is not None else 0) + 1,
+                    outcome="requested",
+                    ladder=marks[m],
+                    deep_check=prior.deep_check if prior is not None else None,
+                    boot_id=boots[m],
+                ),
+            )
+            for m, prior in priors.items()
+        ]
+        stored = self._store_many(requested, now, records)
+        if stored != set(members):
+            missing = sorted(set(members) - stored)
+            detail = (
+                f"{where}: the state of {', '.join(missing)} could not be written;"
+                " the rack was not acted on"
+            )
+            self._store_many(
+                [(m, st.finished("failed", now, detail)) for m, st in requested if m in stored],
+                now,
+                records,
+            )
+            records.append(self.auditor.outcome(anchor, decision.action, False, detail, now))
+            return
+        results: list[tuple[str, ActionResult]] = []
+        for provider in takers:
+            try:
+                if hasattr(provider, "post_rack"):
+                    result = provider.post_rack(decision)
+                else:
+                    batch = [
+                        ActionRequest(m, decision.action, objs[m], decision.as_dict())
+                        for m in members
+                    ]
+                    answers = provider.execute(batch)
+                    failed = [a for a in answers if not a.ok]
+                    done = len(answers) - len(failed)
+                    result = ActionResult(
+                        decision.rack,
+                        done == len(members) and not failed,
+                        f"{done} of {len(members)} nodes"
+                        + (f"; {failed[0].node}: {failed[0].detail}" if failed else ""),
+                    )
+            except Exception as exc:  # a provider's bug is that provider's failure
+                result = ActionResult(decision.rack, False, f"{type(exc).__name__}: {exc}")
+            results.append((provider.name, result))
+        ok = bool(results) and all(r.ok for _, r in results)
+        said = "; ".join(f"{name}: {r.detail}" for name, r in results)
+        detail = f"{where}: {said or 'no provider takes rack requests (webhook, hyperpod)'}"
+        finished = self.clock()
+        finals = []
+        for m, st in requested:
+            final = st.finished("done" if ok else "failed", finished, detail[:500])
+            if not ok:  # not taken: the step is tried again after the cooldown, not skipped
+                prior = priors[m]
+                final = replace(
+                    final, ladder=live_marks(prior.ladder, ladder, now) if prior else ()
+                )
+            finals.append((m, replace(final, finished_at=None) if ok else final))
+        self._store_many(finals, now, records)
+        records.append(self.auditor.outcome(anchor, decision.action, ok, detail, now))
 
     def _plan(self, acts: list[tuple[Decision, _NodeView]], now: float) -> list[_Planned]:
         """Each decided action's `requested` state (attempt counted, ladder step marked, deep
@@ -1152,6 +1341,12 @@ class RemediationController:
             buckets = list(zip(TO_ACTION_BUCKETS, counts, strict=True))
             family.add_histogram([("action", action)], buckets, total, n)
         return family
+
+
+def _takes_racks(provider: Provider) -> bool:
+    """Providers with a rack-level request: the webhook (`post_rack`), and HyperPod, which has
+    no rack API: its members' labels, one batch. Others take no rack requests."""
+    return callable(getattr(provider, "post_rack", None)) or provider.name == "hyperpod"
 
 
 def _state_dict(state: RemediationState, config: PolicyConfig) -> dict[str, Any]:

@@ -39,6 +39,9 @@ class NodeReport:
     # Alerts Alertmanager already resolved for this node, as the controller recorded them on it
     # (the Node's `topowatch.io/remediation-alerts` annotation): a late firing replay is ignored.
     resolved_alerts: tuple[ResolvedAlert, ...] = ()
+    # The node's UltraServer (label topology.k8s.aws/ultraserver-id), "" when it is in none:
+    # which nodes share one NVLink domain, for rack-level escalation (rack.py).
+    ultraserver: str = ""
 
 
 def report_of(
@@ -56,6 +59,7 @@ def report_of(
     boot_id: str = "",
     booted_at: float | None = None,
     resolved_alerts: tuple[ResolvedAlert, ...] = (),
+    ultraserver: str = "",
 ) -> NodeReport:
     """A NodeReport from a node's findings (its annotation, or its agent's health API) and the
     facts about the node the policy needs. Only actionable findings that ask for an action
@@ -78,4 +82,5 @@ def report_of(
         boot_id=boot_id,
         booted_at=booted_at,
         resolved_alerts=resolved_alerts,
+        ultraserver=ultraserver,
     )

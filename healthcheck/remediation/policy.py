@@ -673,6 +673,12 @@ class PolicyConfig:
     # A check the API would not start yet (ConflictException: one on-demand check per cluster at a
     # time; or still throttled) is asked again after this long; not an attempt, no cooldown.
     deep_check_retry_s: float = 300.0
+    # Rack-level escalation (healthcheck/remediation/rack.py), YAML `rack_escalation:`
+    # {enabled, share}: off by default (a rack action takes every node of an UltraServer out of
+    # service). When on, an UltraServer with at least `rack_share` of its nodes asking for an
+    # action gets one rack-level request instead of one per node.
+    rack_escalation: bool = False
+    rack_share: float = 0.5
 
     def budget(self, gpu_nodes: int) -> int:
         return max(self.budget_nodes, math.floor(gpu_nodes * self.budget_percent / 100.0))
@@ -728,7 +734,34 @@ class PolicyConfig:
             values[name] = int(value) if isinstance(default, int) else float(value)
         values["ladder"], ladder_problems = parse_ladder(raw.get("ladder"))
         problems += ladder_problems
+        rack_values, rack_problems = _rack_escalation(raw.get("rack_escalation"))
+        values.update(rack_values)
+        problems += rack_problems
         return replace(defaults, **values), problems
+
+
+def _rack_escalation(raw: Any) -> tuple[dict[str, Any], list[str]]:
+    """YAML `rack_escalation: {enabled: false, share: 0.5}`; anything doubtful keeps it off."""
+    if raw is None:
+        return {}, []
+    if not isinstance(raw, Mapping):
+        return {}, [f"rack_escalation must be a mapping {{enabled, share}}, not {raw!r}"]
+    problems = [
+        f"rack_escalation: unknown key {key!r} (enabled, share)"
+        for key in sorted(set(raw) - {"enabled", "share"}, key=str)
+    ]
+    enabled = raw.get("enabled", False)
+    if not isinstance(enabled, bool):
+        problems.append(f"rack_escalation.enabled={enabled!r} is not true|false")
+    share = raw.get("share", 0.5)
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        problems.append(
+            f"rack_escalation.share={share!r} is not a share of an UltraServer's nodes in (0, 1]"
+            " (0.5: half of them)"
+        )
+    if problems:
+        return {}, problems
+    return {"rack_escalation": enabled, "rack_share": float(share)}, []
 
 
 @dataclass(frozen=True, slots=True)

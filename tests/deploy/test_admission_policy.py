@@ -30,6 +30,7 @@ from celpy.evaluation import CELEvalError
 
 from exporter.core.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, Finding
 from exporter.core.provenance import AGENT_FIELD_MANAGER
+from exporter.core.ultraserver import FABRIC_ANNOTATION, NodeFabric
 from exporter.sim.kubeapi import managedfields
 from exporter.sim.kubeapi.patch import merge_patch
 from healthcheck.detection.monitor import HealthReport
@@ -475,3 +476,23 @@ def test_match_conditions_never_fail_on_a_bare_node() -> None:
         request = {"uid": "r", "name": "n1", "operation": operation, "userInfo": someone}
         verdict = policy().admit(request, obj, old)
         assert not verdict.matched and verdict.allowed, (operation, verdict.messages)
+
+
+def test_the_agent_may_write_its_fabric_summary_on_its_own_node_only() -> None:
+    """`topowatch.io/nvlink-fabric` (issue 30: the GPUs' NVLink fabric for the UltraServer
+    verdict) rides in the agent's annotation patch; it opens no other annotation."""
+    fabric = NodeFabric(4, 3, "9c6f5af3-53bf-49b5-a436-b66766c413c3", 32766, problem="GPU 2: x")
+
+    def patch(node: str) -> dict[str, Any]:
+        api = RecordingApi()
+        reporter = NodeReporter(api, node, clock=lambda: T0)  # type: ignore[arg-type]
+        assert reporter.report(HealthReport(node, T0, (XID,), fabric=fabric))
+        (body,) = [b for path, b in api.patches if "/status?" not in path]
+        assert body["metadata"]["annotations"][FABRIC_ANNOTATION] == fabric.to_json()
+        return body
+
+    verdict = admit(AGENT_ON_N1, "n1", patch("n1"))
+    assert verdict.matched and verdict.allowed, verdict.messages
+    denied(admit(AGENT_ON_N1, "n2", patch("n2")), "only the Node named in its token")
+    other = {"metadata": {"annotations": {FABRIC_ANNOTATION: "{}", "topowatch.io/x": "1"}}}
+    denied(admit(AGENT_ON_N1, "n1", other), "no annotation but topowatch.io/findings")

@@ -38,6 +38,7 @@ from exporter.cluster.objects import (
     amount_of,
 )
 from exporter.core.findings import FINDINGS_ANNOTATION, HEALTH_CONDITION, Finding
+from exporter.core.ultraserver import FABRIC_ANNOTATION, NodeFabric
 from exporter.topology.labels import (
     DEEP_HEALTH_CHECK_KEY,
     DEEP_HEALTH_PASSED,
@@ -723,6 +724,7 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
             efa_findings=efa,
             findings_read=findings_read,
             allocatable=allocatable,
+            fabric=node_fabric(annotations.get(FABRIC_ANNOTATION), notes),
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")
@@ -770,6 +772,18 @@ def efa_findings(raw: object, notes: list[str]) -> tuple[tuple[EfaFinding, ...],
                 )
             )
     return tuple(out), True
+
+
+def node_fabric(raw: object, notes: list[str]) -> NodeFabric | None:
+    """The node agent's `topowatch.io/nvlink-fabric` summary; None when absent, or unreadable
+    (with a note starting with the annotation's key). Never raises."""
+    if raw is None:
+        return None
+    try:
+        return NodeFabric.from_json(raw)
+    except ValueError as exc:
+        notes.append(f"{FABRIC_ANNOTATION}: {exc}"[:300])
+        return None
 
 
 def instance_id_of(provider_id: object) -> str:

@@ -35,6 +35,7 @@ from exporter.cluster.ui.svg import (
     workload_href,
 )
 from exporter.cluster.views import workloads as views
+from exporter.cluster.views.ultraservers import ultraservers_view
 from exporter.topology.tree import render_tree
 
 __all__ = [
@@ -132,6 +133,7 @@ def topology_picture(model: ClusterModel) -> TopologyPicture:
         fragmentation=views.topology_view(model)["fragmentation"],
         nodes=tiles,
         flavor_free={key: flavors for key, flavors in split.items() if len(flavors) > 1},
+        ultraservers=tuple(ultraservers_view(model)),
     )
 
 
@@ -160,6 +162,7 @@ def topology_page(picture: TopologyPicture, highlight: str = "") -> str:
             f"{escape(', '.join(hosts) or 'none')}</p>"
         )
     body.append(_fragmentation_table(picture.fragmentation))
+    body.append(_ultraserver_badges(picture.ultraservers))
     body.append(_legend(picture))
     body.append(topology_svg(picture, highlight))
     return _page("Topology", "".join(body))
@@ -192,6 +195,34 @@ def _fragmentation_table(rows: Sequence[Mapping[str, Any]]) -> str:
                 f"<td>{float(row['fragmentation_ratio']):.0%}</td></tr>"
             )
         out.append("</table>")
+    return "".join(out)
+
+
+_VERDICT_COLOURS = {"healthy": "#16a34a", "degraded": "#d97706", "failed": "#b91c1c"}
+
+
+def _ultraserver_badges(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One badge per UltraServer (NVLink domain): its verdict, nodes healthy of total, usable
+    GPUs; the reason as the badge's title and beside it when not healthy."""
+    if not rows:
+        return ""
+    out = ['<h2>UltraServers</h2><ul class="ultraservers">']
+    for row in rows:
+        verdict = str(row["verdict"])
+        colour = _VERDICT_COLOURS.get(verdict, "#64748b")
+        us = escape(str(row["ultraserver"]))
+        badge = (
+            f'<span class="badge verdict-{escape(verdict)}" title="{escape(str(row["reason"]))}"'
+            f' style="background:{colour};color:#fff;padding:0 6px;border-radius:8px">'
+            f"{escape(verdict)}</span>"
+        )
+        nodes, gpus = row["nodes"], row["gpus"]
+        why = f" — {escape(str(row['reason']))}" if verdict != "healthy" else ""
+        out.append(
+            f'<li id="ultraserver-{us}">{badge} {us}: {nodes["healthy"]} of {nodes["total"]}'
+            f" nodes healthy, {gpus['usable']} of {gpus['total']} GPUs usable{why}</li>"
+        )
+    out.append("</ul>")
     return "".join(out)
 
 

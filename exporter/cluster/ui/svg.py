@@ -63,6 +63,8 @@ class TopologyPicture:
     # (level, domain) -> ResourceFlavor -> free GPUs, for domains holding nodes of several
     # flavors: their free GPUs are shown per flavor, never as one sum no job could use.
     flavor_free: Mapping[tuple[str, str], Mapping[str, int]] = field(default_factory=dict)
+    # Each UltraServer's verdict (views.ultraservers.ultraservers_view), shown as a badge.
+    ultraservers: Sequence[Mapping[str, Any]] = ()
 
 
 def team_of(namespace: str) -> str:

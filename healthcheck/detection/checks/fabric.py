@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from exporter.core.findings import Finding
 from exporter.core.snapshot import FabricInfo, NodeSnapshot
+from exporter.core.ultraserver import NodeFabric, summarize
 from healthcheck.detection.checks.base import History, finding
 from healthcheck.detection.config import HealthConfig
 
@@ -162,3 +163,25 @@ def check(
                 )
             )
     return out
+
+
+def node_fabric(snapshot: NodeSnapshot) -> NodeFabric | None:
+    """This node's fabric as the cluster judges its UltraServer with (exporter/core/
+    ultraserver.py): each GPU up with a fabric counts, registered when COMPLETED and `failure`
+    finds nothing (no grace: a GPU still registering is not in the domain yet). A lost GPU
+    counts as not registered. None when no GPU has a fabric."""
+    rows: list[tuple[int, str, bool, str, int | None, str]] = []
+    for gpu in snapshot.gpu.gpus:
+        fabric = gpu.fabric
+        if not gpu.up:
+            if fabric is not None and fabric.state != "not_supported":
+                rows.append((gpu.index, "lost", False, "", None, "GPU lost"))
+            continue
+        if fabric is None:
+            continue
+        why = failure(fabric)
+        ok = fabric.state == "completed" and why is None
+        rows.append(
+            (gpu.index, fabric.state, ok, fabric.cluster_uuid or "", fabric.clique_id, why or "")
+        )
+    return summarize(rows)

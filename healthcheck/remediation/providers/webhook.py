@@ -1,6 +1,11 @@
 """Webhook provider: POST each decision as JSON to a configured URL, for other automation.
 
 A timeout bounds each call; anything but a 2xx answer is a failure for that node.
+
+A rack-level request (healthcheck/remediation/rack.py: half an UltraServer bad) is one POST for
+the whole rack (`post_rack`, body `rack_payload`): `{"scope": "ultraserver", "ultraserver": id,
+"action", "nodes": [every node of it], "bad_nodes": [...], "decision": {...}}`, never one per
+node.
 """
 
 from __future__ import annotations
@@ -9,8 +14,22 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from healthcheck.remediation.providers.base import ActionRequest, ActionResult
+from healthcheck.remediation.rack import RackDecision
+
+
+def rack_payload(decision: RackDecision) -> dict[str, Any]:
+    """The JSON body of one rack-level request."""
+    return {
+        "scope": "ultraserver",
+        "ultraserver": decision.rack,
+        "action": decision.action,
+        "nodes": list(decision.members),
+        "bad_nodes": list(decision.bad),
+        "decision": decision.as_dict(),
+    }
 
 
 class WebhookNotifier:
@@ -30,8 +49,15 @@ class WebhookNotifier:
     def execute(self, requests: Sequence[ActionRequest]) -> list[ActionResult]:
         return [self._post(r) for r in requests]
 
+    def post_rack(self, decision: RackDecision) -> ActionResult:
+        """One POST for a whole UltraServer; the result is named after the rack."""
+        return self._send(decision.rack, rack_payload(decision))
+
     def _post(self, request: ActionRequest) -> ActionResult:
         payload = {"node": request.node, "action": request.action, "decision": request.decision}
+        return self._send(request.node, payload)
+
+    def _send(self, node: str, payload: Mapping[str, Any]) -> ActionResult:
         body = json.dumps(payload, sort_keys=True).encode()
         http_request = urllib.request.Request(
             self.url, data=body, headers=self.headers, method="POST"
@@ -40,9 +66,9 @@ class WebhookNotifier:
             with urllib.request.urlopen(http_request, timeout=self.timeout_s) as response:
                 status = int(response.status)
         except urllib.error.HTTPError as exc:
-            return ActionResult(request.node, False, f"webhook answered {exc.code}")
+            return ActionResult(node, False, f"webhook answered {exc.code}")
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            return ActionResult(request.node, False, f"webhook unreachable: {exc}")
+            return ActionResult(node, False, f"webhook unreachable: {exc}")
         if not 200 <= status < 300:
-            return ActionResult(request.node, False, f"webhook answered {status}")
-        return ActionResult(request.node, True, f"webhook answered {status}")
+            return ActionResult(node, False, f"webhook answered {status}")
+        return ActionResult(node, True, f"webhook answered {status}")
