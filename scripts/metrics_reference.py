@@ -174,8 +174,11 @@ def audit_each_kind(audit: Auditor) -> None:
 
 
 def cluster_runs() -> None:
-    """The harness's two simulated clusters, then a service with EC2 events, a leader and a
-    history store."""
+    """The harness's two simulated clusters, then a service with EC2 events, a leader, a
+    history store and the admission check (one decision, one refused write)."""
+    from exporter.cluster.admission.controller import AdmissionController
+    from exporter.cluster.admission.decide import Decision
+    from exporter.cluster.admission.settings import AdmissionSettings
     from exporter.cluster.history.feed import open_history
     from exporter.cluster.informers import InformerStatus
     from exporter.cluster.service import ClusterService
@@ -197,6 +200,11 @@ def cluster_runs() -> None:
 
     controller = RemediationController(PolicyConfig(), [])
     audit_each_kind(controller.auditor)
+    admission = AdmissionController(AdmissionSettings(enabled=True))
+    check = "topowatch-node-health"
+    decision = Decision("ns", "wl", "uid", check, "Ready", "healthy", "", 0.0, "Pending")
+    admission.audit.record(decision, "observe", "observe", 0.001)
+    admission.audit.write_error("conflict")
     with tempfile.TemporaryDirectory() as tmp:
         history = open_history(f"sqlite:///{tmp}/history.db", "topowatch-cluster-0")
         try:
@@ -204,6 +212,7 @@ def cluster_runs() -> None:
                 controller=controller,
                 leadership=Leader(),  # type: ignore[arg-type]
                 history=history,
+                admission=admission,
             )
             service.informers = Informers()  # type: ignore[assignment]
             service.ec2_event_counts = {}

@@ -83,6 +83,11 @@ def _strict(schema: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("anyOf", "allOf", "oneOf"):
         if key in node:
             node[key] = [_strict(sub) for sub in node[key]]
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and pattern.startswith("^(?i)"):
+        # RE2 (the API server's regexp) takes a flag group anywhere; Python's re only at the
+        # start: AdmissionCheck's spec.parameters.kind is "^(?i)[a-z]([-a-z0-9]*[a-z0-9])?$".
+        node["pattern"] = "(?i)^" + pattern[len("^(?i)") :]
     if node.get("x-kubernetes-int-or-string") and "anyOf" not in node:
         node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
     if node.get("nullable") is True:

@@ -86,6 +86,16 @@ def add_cluster_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="YAML: mode observe|act, providers, budget, breaker, cooldown (off without it)",
     )
     cluster.add_argument(
+        "--config",
+        dest="cluster_config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="YAML: the cluster service's settings; its admission: section runs the "
+        "topowatch.io/node-health admission check (enabled, mode observe|enforce, checks, "
+        "fail_open_seconds, reject; docs/admission.md)",
+    )
+    cluster.add_argument(
         "--alerts-token-file",
         type=Path,
         default=None,
@@ -219,6 +229,17 @@ def run_cluster(args: argparse.Namespace) -> int:
             if env is not None:
                 env.stop()
             return 2
+    admission = None
+    if args.cluster_config is not None:
+        from exporter.cluster.run import RemediationConfigError, read_cluster_config
+
+        try:
+            admission = read_cluster_config(args.cluster_config)
+        except RemediationConfigError as exc:
+            print(f"topowatch cluster: --config: {exc}", file=sys.stderr)
+            if env is not None:
+                env.stop()
+            return 2
     ec2_events = None
     if args.ec2_events:
         from exporter.sources.ec2_events import Ec2EventsSource, ec2_events_client
@@ -277,6 +298,7 @@ def run_cluster(args: argparse.Namespace) -> int:
             history=history,
             goodput=goodput,
             goodput_job_cap=args.goodput_job_series_cap,
+            admission=admission,
         )
     finally:
         if env is not None:

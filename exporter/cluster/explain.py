@@ -138,6 +138,10 @@ def explain_text(view: Mapping[str, Any]) -> str:
             )
     for fix in view.get("would_run_if", []):
         lines.append(f"  It would run if {fix}.")
+    for us in view.get("ultraserver_waits") or []:  # its NVLink domain is not healthy
+        lines.append(f"  Waits: {us['words']} ({us['reason']})")
+    if view.get("admission_held"):  # the topowatch.io/node-health check holds it (issue 30)
+        lines.append(str(view["admission_held"]))
     lines.extend(node_health_lines(view.get("node_health") or []))
     suffered = view.get("preemptions_suffered", [])
     if suffered:

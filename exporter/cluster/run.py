@@ -43,6 +43,8 @@ from exporter.cluster.views.workloads import preemptions_view
 from exporter.sources.ec2_events import Ec2EventsError, Ec2EventsSource
 
 if TYPE_CHECKING:
+    from exporter.cluster.admission.controller import AdmissionController
+    from exporter.cluster.admission.settings import AdmissionSettings
     from exporter.cluster.history.feed import HistoryFeed
     from exporter.cluster.leader.election import Leadership
     from healthcheck.remediation.controller import RemediationController
@@ -89,6 +91,7 @@ def serve_cluster(
     history_flush_s: float = HISTORY_FLUSH_S,
     goodput: GoodputConfig | None = None,
     goodput_job_cap: int = DEFAULT_JOB_CAP,
+    admission: AdmissionSettings | None = None,
 ) -> ClusterService:
     """Run informers and the HTTP service until SIGTERM/SIGINT (or `stop`). `ec2_events`, when
     given, is polled every `ec2_events_interval_s` for EC2 scheduled events. `leadership`
@@ -97,7 +100,8 @@ def serve_cluster(
     store): fed from the model and the audit every `history_flush_s`, by the leader only; on
     stop what is queued is written (for up to 10 s). `goodput` configures the goodput ledger
     (checkpoint key, repeat offenders); with a history store it is rebuilt from it at start,
-    so a restart keeps the ledger; `goodput_job_cap` bounds its per-job series."""
+    so a restart keeps the ledger; `goodput_job_cap` bounds its per-job series. `admission`
+    (enabled): the topowatch.io/node-health admission check runs every interval, leader only."""
     service = ClusterService(
         workload_cap=workload_cap,
         controller=controller,
@@ -107,6 +111,7 @@ def serve_cluster(
         history=history,
         goodput=GoodputBook(goodput),
         goodput_job_cap=goodput_job_cap,
+        admission=build_admission(admission, api_client),
     )
     if history is not None:
         history.attach(
@@ -149,6 +154,11 @@ def serve_cluster(
 
         sampler = asyncio.create_task(_sample_quota(service, quota_sample_s))
         ticker = asyncio.create_task(_tick_goodput(service, GOODPUT_TICK_S))
+        checker = (
+            asyncio.create_task(_run_admission(service, admission.interval_seconds))
+            if admission is not None and service.admission is not None
+            else None
+        )
         pump = (
             asyncio.create_task(_pump_history(service, history, history_flush_s))
             if history is not None
@@ -164,6 +174,8 @@ def serve_cluster(
         finally:
             sampler.cancel()
             ticker.cancel()
+            if checker is not None:
+                checker.cancel()
             if pump is not None:
                 pump.cancel()
             if poller is not None:
@@ -201,6 +213,39 @@ def _restore_goodput(service: ClusterService) -> None:
         len(service.goodput.jobs),
         f" ({bad} unreadable documents skipped)" if bad else "",
     )
+
+
+def build_admission(
+    settings: AdmissionSettings | None, api_client: kubernetes.client.ApiClient
+) -> AdmissionController | None:
+    """The admission check controller when enabled (writing through `api_client`), else None."""
+    if settings is None or not settings.enabled:
+        return None
+    from exporter.cluster.admission.controller import AdmissionController as Controller
+    from exporter.cluster.admission.writer import KubeStatusWriter
+
+    log.info(
+        "admission check topowatch.io/node-health: %s mode, fail-open after %gs",
+        settings.mode,
+        settings.fail_open_seconds,
+    )
+    return Controller(settings, KubeStatusWriter(api_client))
+
+
+async def _run_admission(service: ClusterService, every_s: float) -> None:
+    """The admission check's cycle, off the event loop: every `every_s`, and at once when a
+    Workload arrives with an entry to answer. Until the informers have synced it answers only
+    what the fail-open deadline says."""
+    loop = asyncio.get_running_loop()
+    admission = service.admission
+    assert admission is not None
+    while True:
+        await loop.run_in_executor(None, admission.wait, every_s)
+        await asyncio.sleep(0.005)  # a burst of events lands together: one cycle answers all
+        try:
+            await loop.run_in_executor(None, service.admission_cycle)
+        except Exception:  # the check must never take the service down
+            log.exception("admission cycle failed")
 
 
 async def _tick_goodput(service: ClusterService, every_s: float) -> None:
@@ -286,6 +331,27 @@ async def poll_ec2_events(
 
 class RemediationConfigError(Exception):
     pass
+
+
+def read_cluster_config(path: Path) -> AdmissionSettings:
+    """The cluster service's --config file (YAML): its `admission:` section, validated. Raises
+    RemediationConfigError (the CLI's "cannot use this config") naming the file and key."""
+    from exporter.cluster.admission.settings import AdmissionSettingsError, settings_from_mapping
+
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise RemediationConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise RemediationConfigError(f"{path}: not YAML: {exc}") from exc
+    if isinstance(raw, dict):
+        unknown = sorted(str(k) for k in raw if k != "admission")
+        if unknown:
+            raise RemediationConfigError(f"{path}: unknown section(s) {', '.join(unknown)}")
+    try:
+        return settings_from_mapping(raw)
+    except AdmissionSettingsError as exc:
+        raise RemediationConfigError(f"{path}: {exc}") from exc
 
 
 def build_controller(

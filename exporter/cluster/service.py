@@ -46,6 +46,7 @@ from exporter.store.records import AuditQuery, GoodputQuery, Page, PreemptionQue
 from exporter.store.sqlstore import StoreUnavailable
 
 if TYPE_CHECKING:
+    from exporter.cluster.admission.controller import AdmissionController
     from exporter.cluster.history.feed import HistoryFeed, HistoryStore
     from exporter.cluster.leader.election import Leadership
     from healthcheck.remediation.controller import RemediationController
@@ -68,8 +69,12 @@ class ClusterService:
         history: HistoryFeed | None = None,
         goodput: GoodputBook | None = None,
         goodput_job_cap: int = goodput_metrics.DEFAULT_JOB_CAP,
+        admission: AdmissionController | None = None,
     ) -> None:
         self.model = model or ClusterModel()
+        # The topowatch.io/node-health admission check (issue 30): sees the raw Workloads,
+        # Nodes and ClusterQueues (check entries, findings, check strategies) under the lock.
+        self.admission = admission
         # The goodput ledger (issue 29): fed by the model, read by /metrics, the API, the pages.
         self.goodput = goodput if goodput is not None else GoodputBook()
         self.goodput.attach(self.model)
@@ -98,6 +103,8 @@ class ClusterService:
         with self.lock:
             self.model.replace(kind, items, self.clock())
             problems = self.model.drain_problems()
+            if self.admission is not None:
+                self.admission.observe_list(kind, items)
         _log_problems(problems)
         if kind == "Node" and self.controller is not None:
             now = self.clock()
@@ -108,6 +115,8 @@ class ClusterService:
         with self.lock:
             self.model.apply(kind, event_type, obj, self.clock())
             problems = self.model.drain_problems() if self.model.recent_problems else []
+            if self.admission is not None:
+                self.admission.observe(kind, event_type, obj)
         _log_problems(problems)
         if kind == "Node" and self.controller is not None:
             self.controller.observe_node(obj, self.clock(), deleted=event_type == "DELETED")
@@ -146,6 +155,8 @@ class ClusterService:
         families.extend(self.ec2_event_families())
         if self.controller is not None:
             families.extend(self.controller.families())
+        if self.admission is not None:
+            families.extend(self.admission.audit.families())
         if self.leadership is not None:
             families.extend(self.leadership.families())
         if self.history is not None:
@@ -217,6 +228,8 @@ class ClusterService:
             now = self.clock()
             view = elastic_views.explained_workload(self.model, state, now=now)
             view["goodput"] = goodput_views.workload_job_view(self.goodput, namespace, name, now)
+            if self.admission is not None:
+                view["admission_held"] = self.admission.held(namespace, name, state.workload.uid)
             return view
 
     def elastic_job(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -257,6 +270,30 @@ class ClusterService:
             f"repeat offender: {found[0].incidents} hardware incidents{parts} "
             f"in {window / 86_400:g} days"
         )
+
+    def admission_cycle(self) -> int:
+        """One cycle of the admission check (the leader's only): judge under the lock, write
+        and audit outside it. Returns the decisions made."""
+        if self.admission is None or not self.admission.settings.enabled:
+            return 0
+        if self.leadership is not None and not self.leadership.is_leader:
+            return 0
+        self.admission.sync_checks(self.clock())  # API calls: outside the lock
+        with self.lock:
+            now = self.clock()
+            window = self.goodput.reliability_book.repeat_window_s
+            offenders = {
+                o.node: f"repeat offender: {o.incidents} hardware incidents"
+                f" in {window / 86_400:g} days"
+                for o in self.goodput.repeat_offenders(now)
+            }
+            judged = self.admission.judge(self.model, now, offenders, self.synced)
+        return len(self.admission.settle(judged, now))
+
+    def admission_view(self, workload: str | None, limit: int) -> dict[str, Any] | None:
+        if self.admission is None:
+            return None
+        return self.admission.view(workload, limit)
 
     def tick_goodput(self) -> None:
         """Settle the attributions that are due with no event to do it (on a timer)."""
@@ -522,6 +559,17 @@ def build_app(service: ClusterService) -> web.Application:
             return _error(404, f"elastic job {ns}/{name} not found")
         return web.json_response(view)
 
+    async def admission(request: web.Request) -> web.Response:
+        """The admission check's recent decisions, newest first (?workload=ns/name, ?limit=)."""
+        try:
+            limit = min(1000, max(1, int(request.query.get("limit", "100"))))
+        except ValueError:
+            return _error(400, "limit: expected a whole number")
+        view = await off_loop(service.admission_view, request.query.get("workload"), limit)
+        if view is None:
+            return _error(404, "the admission check is not enabled (admission.enabled)")
+        return web.json_response(view)
+
     async def idle_gpus(_: web.Request) -> web.Response:
         return web.json_response(await off_loop(service.idle_gpus))
 
@@ -540,6 +588,7 @@ def build_app(service: ClusterService) -> web.Application:
     app.router.add_get("/api/v1/elastic/jobs", elastic_jobs)
     app.router.add_get("/api/v1/elastic/jobs/{namespace}/{name}", elastic_job)
     app.router.add_get("/api/v1/elastic/idle", idle_gpus)
+    app.router.add_get("/api/v1/admission", admission)
     add_remediation_routes(app, service)
     return app
 

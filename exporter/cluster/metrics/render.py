@@ -14,6 +14,7 @@ from exporter.cluster.capacity.levels import LevelCapacity
 from exporter.cluster.capacity.levels import flavor_levels as capacity_levels
 from exporter.cluster.capacity.quota import Answer, QuotaTree
 from exporter.cluster.metrics import elastic as elastic_metrics
+from exporter.cluster.metrics import ultraserver as ultraserver_metrics
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.objects import GPU_RESOURCE, ClusterQueue, team_of
 from exporter.core.exposition import (
@@ -40,6 +41,7 @@ def render(model: ClusterModel, workload_cap: int = 2000, now: float | None = No
         *_queue_families(model),
         *_model_families(model),
         *elastic_metrics.render(model, now, workload_cap),
+        *ultraserver_metrics.render(model),
     ]
 
 

@@ -22,6 +22,7 @@ from exporter.cluster.ledger import PreemptionRecord
 from exporter.cluster.model import ClusterModel, WorkloadState, is_live, is_pending
 from exporter.cluster.objects import GPU_RESOURCE, Node, Pod, Workload
 from exporter.cluster.timeline import TimelineEntry, fold_preemptions
+from exporter.cluster.views.ultraservers import ultraserver_waits, ultraservers_view
 from exporter.topology.labels import HOSTNAME_KEY
 from exporter.topology.tree import (
     LEVELS,
@@ -135,6 +136,7 @@ def workload_view(
         else [],
         "pending": _pending_view(pending),
         "would_run_if": would_run_if(model, wl, pending),
+        "ultraserver_waits": ultraserver_waits(model, pending),
         "efa_remote_errors": _efa_for(model, wl, now),
         "node_health": node_health(model, wl, pods),
         "problems": list(wl.problems),
@@ -535,6 +537,7 @@ def fragmentation_rows(model: ClusterModel, levels: Sequence[str]) -> list[dict[
 
 
 def topology_view(model: ClusterModel) -> dict[str, Any]:
+    judged = {v["ultraserver"]: v for v in ultraservers_view(model)}
     present = set(model.tree.levels_present())
     levels = [lvl for lvl in (*LEVELS, "ultraserver") if lvl in present]
     return {
@@ -548,6 +551,8 @@ def topology_view(model: ClusterModel) -> dict[str, Any]:
                 "allocatable": u.allocatable,
                 "free": u.free,
                 "unavailable": u.unavailable,
+                # the NVLink domain's verdict (views.ultraservers, exporter/core/ultraserver.py)
+                "health": judged.get(u.domain),
             }
             for u in model.tree.ultraservers()
         ],

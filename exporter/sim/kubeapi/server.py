@@ -90,7 +90,16 @@ log = logging.getLogger(__name__)
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _STATUS_SUBRESOURCE = frozenset(
-    {"pods", "nodes", "namespaces", "workloads", "clusterqueues", "localqueues", "cohorts"}
+    {
+        "pods",
+        "nodes",
+        "namespaces",
+        "workloads",
+        "clusterqueues",
+        "localqueues",
+        "cohorts",
+        "admissionchecks",
+    }
 )
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 _REASONS = {

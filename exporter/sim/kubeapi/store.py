@@ -77,6 +77,9 @@ KUEUE_RESOURCES: tuple[Resource, ...] = tuple(
         ("resourceflavors", "ResourceFlavor", False),
         ("topologies", "Topology", False),
         ("workloadpriorityclasses", "WorkloadPriorityClass", False),
+        # Cluster-scoped, with a status subresource (its Active condition, set by the check's
+        # own controller): config/components/crd/bases/kueue.x-k8s.io_admissionchecks.yaml
+        ("admissionchecks", "AdmissionCheck", False),
     )
 )
 
