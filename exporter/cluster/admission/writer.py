@@ -9,6 +9,15 @@ cycle. So no other controller's entry is ever overwritten with a stale copy, and
 missed its own write cannot write twice: the stale resourceVersion is refused.
 
 `lastTransitionTime` moves only when the state changes, as SetAdmissionCheckState does it.
+
+A Retry carries `requeueAfterSeconds`: without it Kueue requeues at once (the field's own
+documentation: "If nil when State=Retry, Kueue will retry immediately"), TAS places the
+workload again on the same domains while the node is still bad, and the check answers Retry
+again every cycle (a simulated day at high fault rates made 25 Retries per admission). The
+delay doubles with the entry's `retryCount`, which Kueue increments on each Retry, as Kueue's
+own provisioning check backs off (ProvisioningRequestConfig retryStrategy: a base doubled per
+attempt, capped); ours is shorter because a bad node is taken out of scheduling by remediation
+within minutes, and a workload that could run elsewhere should not wait half an hour.
 """
 
 from __future__ import annotations
@@ -28,6 +37,14 @@ MERGE_PATCH = "application/merge-patch+json"
 FIELD_MANAGER = "topowatch-admission"
 ACTIVE_MESSAGE = "The admission check is active"
 _REASONS = {403: "forbidden", 404: "not_found", 409: "conflict", 422: "invalid"}
+RETRY_BASE_S = 30
+RETRY_MAX_S = 600
+
+
+def retry_delay(retry_count: object) -> int:
+    """requeueAfterSeconds for a Retry after `retry_count` earlier ones (0 when unreadable)."""
+    count = retry_count if isinstance(retry_count, int) and retry_count > 0 else 0
+    return RETRY_MAX_S if count >= 5 else min(RETRY_MAX_S, RETRY_BASE_S * 2**count)
 
 
 def rfc3339(at: float) -> str:
@@ -49,6 +66,10 @@ def status_patch(checks: WorkloadChecks, decision: Decision, now: float) -> dict
                 entry["lastTransitionTime"] = rfc3339(now)
             entry["state"] = decision.state
             entry["message"] = decision.message
+            if decision.state == "Retry":
+                entry["requeueAfterSeconds"] = retry_delay(entry.get("retryCount"))
+            else:
+                entry.pop("requeueAfterSeconds", None)
         entries.append(entry)
     if not found:
         return None

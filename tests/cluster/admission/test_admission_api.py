@@ -120,6 +120,38 @@ def test_transition_time_moves_only_with_the_state() -> None:
     assert patched("Ready", "fit", "Ready", "fit") is None
 
 
+def test_retry_asks_kueue_to_wait_longer_each_time() -> None:
+    """AdmissionCheckState.requeueAfterSeconds (apis/kueue/v1beta2 workload_types.go): "If nil
+    when State=Retry, Kueue will retry immediately", back onto the same bad domains. Ours
+    doubles with the entry's retryCount (Kueue increments it on each Retry), capped; a Ready
+    answer carries none."""
+    from exporter.cluster.admission.decide import Decision
+    from exporter.cluster.admission.parse import parse_workload_checks
+    from exporter.cluster.admission.writer import RETRY_MAX_S, status_patch
+
+    def delay(state: str, retry_count: int | None) -> Any:
+        ours = entry(CHECK, "Pending", T0 + 10, "")
+        if retry_count is not None:
+            ours["retryCount"] = retry_count
+            ours["requeueAfterSeconds"] = 5
+        raw = workload(entries=[ours, entry(OTHER, "Pending")])
+        assert_valid_kueue(raw)
+        checks = parse_workload_checks(raw)
+        assert checks is not None
+        decision = Decision(NS, "train", "u", CHECK, state, "unfit", "node n1", T0 + 99, "Pending")
+        patch = status_patch(checks, decision, T0 + 99)
+        assert patch is not None
+        written = {**raw, "status": {**raw["status"], **patch["status"]}}
+        assert_valid_kueue(written)
+        return entries(patch)[CHECK].get("requeueAfterSeconds")
+
+    delays = [delay("Retry", n) for n in (None, 0, 1, 2, 3, 10, 10**6)]
+    assert delays[0] == delays[1] > 0
+    assert delays[2] == 2 * delays[1] and delays[3] == 2 * delays[2]
+    assert delays[-2] == delays[-1] == RETRY_MAX_S
+    assert delay("Ready", 2) is None
+
+
 def test_stale_copy_after_restart_cannot_write_twice(
     server: FakeApiServer, client: kc.ApiClient
 ) -> None:
