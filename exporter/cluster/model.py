@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
+from operator import attrgetter
 from typing import Any, Protocol
 
 from exporter.cluster import analysis
@@ -101,6 +102,11 @@ EVENT_HORIZON_S = 48 * 3600.0
 # `placement.ExclusionCause`s that make a node unavailable rather than unschedulable.
 UNAVAILABLE_CAUSES = ("deep-health-check", "scheduled-event")
 ADMISSION_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+# Every Node field but our agent's EFA findings, which it rewrites every few minutes and
+# which move no placement answer: what `_nodes_epoch` watches.
+_PLACEMENT_FIELDS = attrgetter(
+    *(f.name for f in fields(Node) if f.name not in ("efa_findings", "findings_read"))
+)
 
 
 @dataclass(slots=True)
@@ -369,16 +375,14 @@ class ClusterModel:
     def _put_node(self, name: str, node: Node, now: float) -> None:
         old = self.nodes.get(name)
         self.nodes[name] = node
+        relabelled = old is None or old.labels != node.labels
         # The agent's EFA findings (rewritten every few minutes) move no placement answer.
-        if old is None or replace(old, efa_findings=(), findings_read=False) != replace(
-            node, efa_findings=(), findings_read=False
-        ):
+        if old is None or _PLACEMENT_FIELDS(old) != _PLACEMENT_FIELDS(node):
             self._nodes_epoch += 1
-        if old is None or old.labels != node.labels:
+        if relabelled:
             self._labels_epoch += 1
         if (
-            old is None
-            or old.labels != node.labels
+            relabelled
             or old.allocatable_gpus != node.allocatable_gpus
             or old.schedulable != node.schedulable
             or old.unavailable != node.unavailable
@@ -390,7 +394,7 @@ class ClusterModel:
                 node.schedulable,
                 available=not node.unavailable,
             )
-        if old is None or old.labels != node.labels:
+        if relabelled:
             self._node_flavor[name] = idle.flavor_of(node, self.flavors.values())
         self._idle_node(name, now)
 
@@ -437,11 +441,12 @@ class ClusterModel:
     def _apply_pod(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         key = (_namespace(obj), _name(obj))
         old = self.pods.pop(key, None)
-        touched: set[str] = set()  # nodes whose idle GPUs changed: told once, after both moves
+        # nodes whose idle GPUs changed: told once, after both moves
+        left = joined = ""
         if old is not None:
             if old.holds_gpus:
                 self.tree.add_used(old.node, -old.gpus)
-                touched.add(old.node)
+                left = old.node
             if old.bound:
                 self._use_node(old, -1)
             self._ungroup(old)
@@ -450,14 +455,16 @@ class ClusterModel:
             self.pods[key] = pod
             if pod.holds_gpus:
                 self.tree.add_used(pod.node, pod.gpus)
-                touched.add(pod.node)
+                joined = pod.node
             if pod.bound:
                 self._use_node(pod, 1)
             self._group(pod)
         elif old is not None and old.bound:  # any resource it held, GPUs or not
             self._judge.pod_released(old, now)
-        for node in touched:
-            self._idle_node(node, now)
+        if left:
+            self._idle_used(left, now)
+        if joined and joined != left:
+            self._idle_used(joined, now)
         if pod is not None:
             self._elastic_pods(pod.owner_uid, now)
         if old is not None and (pod is None or old.owner_uid != pod.owner_uid):
@@ -619,6 +626,15 @@ class ClusterModel:
         free = node.allocatable_gpus - self.tree.node_used(name)
         flavor = self._node_flavor.get(name, "")
         self.idle.set_node(name, flavor, domain, idle.node_state(node), free, now)
+
+    def _idle_used(self, name: str, now: float) -> None:
+        """Only the pods on `name` changed: its idle GPUs, the rest as `_idle_node` last said
+        (every change of a node's labels, state or flavor goes through `_idle_node`)."""
+        node = self.nodes.get(name)
+        if node is not None and not self.idle.set_idle(
+            name, node.allocatable_gpus - self.tree.node_used(name), now
+        ):
+            self._idle_node(name, now)
 
     def _idle_demand(self, workload: Workload, now: float) -> None:
         """A pending Workload is demand for its flavor, by the cause Kueue gave; an admitted,
