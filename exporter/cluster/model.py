@@ -382,7 +382,8 @@ class ClusterModel:
         if relabelled:
             self._labels_epoch += 1
         if (
-            relabelled
+            old is None
+            or relabelled
             or old.allocatable_gpus != node.allocatable_gpus
             or old.schedulable != node.schedulable
             or old.unavailable != node.unavailable
