@@ -195,6 +195,14 @@ def run_cluster(args: argparse.Namespace) -> int:
 
     host, port = args.listen
     env = None
+
+    def refuse(message: str) -> int:
+        """Exit 2 with `message` on stderr, the simulated API server (if any) stopped."""
+        print(f"topowatch cluster: {message}", file=sys.stderr)
+        if env is not None:
+            env.stop()
+        return 2
+
     if args.simulate:
         from exporter.sim.environment import SimulatedEnvironment
 
@@ -225,10 +233,7 @@ def run_cluster(args: argparse.Namespace) -> int:
             if args.alerts_token_file is not None:
                 token = read_token(args.alerts_token_file)
         except RemediationConfigError as exc:
-            print(f"topowatch cluster: {exc}", file=sys.stderr)
-            if env is not None:
-                env.stop()
-            return 2
+            return refuse(f"{exc}")
     admission = None
     if args.cluster_config is not None:
         from exporter.cluster.run import RemediationConfigError, read_cluster_config
@@ -236,10 +241,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         try:
             admission = read_cluster_config(args.cluster_config)
         except RemediationConfigError as exc:
-            print(f"topowatch cluster: --config: {exc}", file=sys.stderr)
-            if env is not None:
-                env.stop()
-            return 2
+            return refuse(f"--config: {exc}")
     ec2_events = None
     if args.ec2_events:
         from exporter.sources.ec2_events import Ec2EventsSource, ec2_events_client
@@ -247,10 +249,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         try:
             ec2_events = Ec2EventsSource(ec2_events_client(args.ec2_region))
         except Exception as exc:  # no region, no credentials configuration
-            print(f"topowatch cluster: --ec2-events: {exc}", file=sys.stderr)
-            if env is not None:
-                env.stop()
-            return 2
+            return refuse(f"--ec2-events: {exc}")
     from exporter.cluster.history.args import DATABASE_URL_ENV
 
     history = None
@@ -273,10 +272,7 @@ def run_cluster(args: argparse.Namespace) -> int:
                 ephemeral=args.history_ephemeral,
             )
         except HistoryStartError as exc:
-            print(f"topowatch cluster: history store: {exc}", file=sys.stderr)
-            if env is not None:
-                env.stop()
-            return 2
+            return refuse(f"history store: {exc}")
     from exporter.cluster.goodput import GoodputConfig
 
     findings, window = args.repeat_offender

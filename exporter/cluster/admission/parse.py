@@ -86,14 +86,22 @@ class WorkloadChecks:
 CheckStrategy = Mapping[str, frozenset[str] | None]
 
 
-def parse_admission_check(obj: object) -> AdmissionCheckInfo | None:
-    """An AdmissionCheck of either version; None when it has no name at all."""
+def _name(obj: object) -> str | None:
+    """A cluster-scoped object's metadata.name; None when it is not an object or has none."""
     if not isinstance(obj, Mapping):
         return None
     meta = obj.get("metadata")
     name = meta.get("name") if isinstance(meta, Mapping) else None
-    if not isinstance(name, str) or not name:
+    return name if isinstance(name, str) and name else None
+
+
+def parse_admission_check(obj: object) -> AdmissionCheckInfo | None:
+    """An AdmissionCheck of either version; None when it has no name at all."""
+    name = _name(obj)
+    if name is None:
         return None
+    assert isinstance(obj, Mapping)
+    meta = obj["metadata"]
     spec = obj.get("spec")
     problems: list[str] = []
     controller = ""
@@ -209,12 +217,10 @@ def parse_check_strategy(obj: object, problems: list[str]) -> tuple[str, CheckSt
     """(ClusterQueue name, its checks): `spec.admissionChecksStrategy.admissionChecks[]`
     {name, onFlavors} (an empty onFlavors: every flavor, pkg/util/admissioncheck
     NewAdmissionChecks) and v1beta1's plain `spec.admissionChecks` names (every flavor)."""
-    if not isinstance(obj, Mapping):
+    name = _name(obj)
+    if name is None:
         return None
-    meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, Mapping) else None
-    if not isinstance(name, str) or not name:
-        return None
+    assert isinstance(obj, Mapping)
     spec = obj.get("spec")
     checks: dict[str, frozenset[str] | None] = {}
     if not isinstance(spec, Mapping):
