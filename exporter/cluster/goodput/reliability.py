@@ -90,6 +90,9 @@ class _NodeInfo:
     ultraserver: str = ""
 
 
+_NO_INFO: Final = _NodeInfo()
+
+
 class ReliabilityBook:
     def __init__(
         self,
@@ -223,17 +226,18 @@ class ReliabilityBook:
         for found in incidents.values():
             for incident in found:
                 by_part[incident.components[0] if incident.components else "unknown"] += 1
-        mtbf: dict[str, list[Mtbf]] = {}
-        for scope in SCOPES:
-            days: dict[str, float] = {}
-            count: dict[str, int] = {}
-            for node, ms in node_ms.items():
-                name = self._scope_name(node, scope)
+        # node-days and incidents per name in each scope, each node's names looked up once
+        days_in: list[dict[str, float]] = [{} for _ in SCOPES]
+        count_in: list[dict[str, int]] = [{} for _ in SCOPES]
+        for node, ms in node_ms.items():
+            for days, name in zip(days_in, self._scope_names(node), strict=True):
                 days[name] = days.get(name, 0.0) + ms / DAY_MS
-            for node, found in incidents.items():
-                name = self._scope_name(node, scope)
+        for node, found in incidents.items():
+            for days, count, name in zip(days_in, count_in, self._scope_names(node), strict=True):
                 count[name] = count.get(name, 0) + len(found)
                 days.setdefault(name, 0.0)
+        mtbf: dict[str, list[Mtbf]] = {}
+        for scope, days, count in zip(SCOPES, days_in, count_in, strict=True):
             mtbf[scope] = [
                 Mtbf(
                     scope,
@@ -248,15 +252,10 @@ class ReliabilityBook:
             total_days, by_component, rates, by_part, mtbf, self.repeat_offenders(now)
         )
 
-    def _scope_name(self, node: str, scope: str) -> str:
-        if scope == "node":
-            return node
-        info = self._info.get(node, _NodeInfo())
-        return {
-            "instance_type": info.instance_type,
-            "domain": info.domain,
-            "ultraserver": info.ultraserver,
-        }[scope]
+    def _scope_names(self, node: str) -> tuple[str, str, str, str]:
+        """The node's name in each of SCOPES, in that order."""
+        info = self._info.get(node) or _NO_INFO
+        return node, info.instance_type, info.domain, info.ultraserver
 
 
 def _incident(group: list[NodeFinding]) -> Incident:
