@@ -1,4 +1,5 @@
-"""Normalized, immutable views of the Kubernetes and Kueue objects the cluster model keeps.
+"""Normalized, immutable views of the Kubernetes and Kueue objects the cluster model keeps
+(`record`s: immutable to the type checker, cheap to build; exporter/core/record.py).
 
 Parsers (`exporter.cluster.parse.kueue`, `exporter.cluster.parse.core`) turn API dicts of any served
 version into these; the model and the analyses never look at raw dicts. Times are Unix
@@ -7,9 +8,10 @@ seconds (float); absent values are None, never a sentinel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
 
+from exporter.core.record import record
 from exporter.core.ultraserver import NodeFabric
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -45,7 +47,7 @@ def team_of(cluster_queue: str) -> str:
 TopologyMode = Literal["required", "preferred", "unconstrained", "none"]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Condition:
     type: str
     status: str  # "True" | "False" | "Unknown"
@@ -54,7 +56,7 @@ class Condition:
     last_transition: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TopologyRequest:
     """What a pod set asked of the topology (spec.podSets[].topologyRequest or annotations)."""
 
@@ -64,7 +66,7 @@ class TopologyRequest:
     slice_size: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NodeSelectorRequirement:
     """One matchExpressions (or matchFields) entry of a core/v1 NodeSelectorTerm."""
 
@@ -73,7 +75,7 @@ class NodeSelectorRequirement:
     values: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NodeSelectorTerm:
     """A term of requiredDuringSchedulingIgnoredDuringExecution: every expression must hold
     (ANDed); the terms of a pod's required node affinity are ORed."""
@@ -82,7 +84,7 @@ class NodeSelectorTerm:
     fields: tuple[NodeSelectorRequirement, ...] = ()  # matchFields: only metadata.name exists
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PodSetRequest:
     """One pod set: `count` pods, each requesting `requests` (every resource, Kueue's units;
     `gpus_per_pod` is its nvidia.com/gpu entry), with the scheduling constraints of its pod
@@ -110,7 +112,7 @@ class PodSetRequest:
         return (self.tolerations, self.node_selector, self.affinity)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DomainAssignment:
     """`count` pods in the domain whose label values (highest level first) are `values`."""
 
@@ -118,7 +120,7 @@ class DomainAssignment:
     count: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PodSetPlacement:
     """Where Kueue's TAS put one pod set: `levels` are node label keys, highest first."""
 
@@ -131,7 +133,7 @@ class PodSetPlacement:
     usage: Resources = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Workload:
     namespace: str
     name: str
@@ -187,7 +189,7 @@ class Workload:
         return cond is not None and cond.status == "True"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PreemptionNote:
     """What a Kueue preemption message says, in any format Kueue has used (v0.4 to v0.20)."""
 
@@ -199,7 +201,7 @@ class PreemptionNote:
     format: str  # "v0.10" | "v0.11" | "v0.15" — which family of message matched
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class FlavorQuota:
     flavor: str
     nominal: int  # GPUs
@@ -207,7 +209,7 @@ class FlavorQuota:
     lending_limit: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ResourceQuota:
     """One (flavor, resource) entry of a ClusterQueue's or Cohort's spec.resourceGroups.
 
@@ -226,7 +228,7 @@ class ResourceQuota:
     problem: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ResourceGroup:
     """One entry of spec.resourceGroups: the resources it covers and its flavors, in the
     order Kueue's flavor assigner tries them."""
@@ -235,7 +237,7 @@ class ResourceGroup:
     flavors: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClusterQueue:
     name: str
     cohort: str
@@ -273,7 +275,7 @@ class ClusterQueue:
         return total
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Cohort:
     """A Kueue Cohort object (v1beta1/v1beta2): its parent and the quota it adds to its tree.
 
@@ -288,14 +290,14 @@ class Cohort:
     fair_share_weight: float = 1.0  # spec.fairSharing.weight
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LocalQueue:
     namespace: str
     name: str
     cluster_queue: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Taint:
     """A core/v1 Taint (Node spec.taints, ResourceFlavor spec.nodeTaints)."""
 
@@ -304,7 +306,7 @@ class Taint:
     effect: str  # NoSchedule | PreferNoSchedule | NoExecute
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Toleration:
     """A core/v1 Toleration (ResourceFlavor spec.tolerations, a pod template's tolerations).
 
@@ -317,7 +319,7 @@ class Toleration:
     effect: str  # "" matches every effect
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ResourceFlavor:
     name: str
     node_labels: tuple[tuple[str, str], ...]
@@ -327,19 +329,19 @@ class ResourceFlavor:
     tolerations: tuple[Toleration, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KueueTopology:
     name: str
     levels: tuple[str, ...]  # node label keys, highest first
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PriorityClass:
     name: str
     value: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class EfaFinding:
     """An EFA finding (check id `efa_*`) the node agent published in its Node's
     `topowatch.io/findings` annotation (exporter.core.findings' JSON form); the cluster service
@@ -353,7 +355,7 @@ class EfaFinding:
     evidence: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Node:
     name: str
     labels: tuple[tuple[str, str], ...]
@@ -406,7 +408,7 @@ class Node:
         return ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pod:
     namespace: str
     name: str
@@ -439,7 +441,7 @@ class Pod:
         return bool(self.node) and self.phase not in ("Succeeded", "Failed") and self.gpus > 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KubeEvent:
     namespace: str
     name: str
@@ -456,7 +458,7 @@ class KubeEvent:
     last_seen: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ReplicaSpec:
     """One entry of a HyperPodPyTorchJob's spec.replicaSpecs."""
 
@@ -466,7 +468,7 @@ class ReplicaSpec:
     gpus_per_replica: int  # from the pod template's containers, as the scheduler counts them
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ElasticJob:
     """A HyperPod elastic training job (sagemaker.amazonaws.com/v1 HyperPodPyTorchJob).
 
