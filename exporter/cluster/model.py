@@ -33,7 +33,7 @@ from exporter.cluster.capacity.placement import (
 from exporter.cluster.capacity.quota import Answer, QuotaTree
 from exporter.cluster.elastic import idle
 from exporter.cluster.elastic.idle import IdleAccountant
-from exporter.cluster.elastic.scaling import ElasticBook, JobState
+from exporter.cluster.elastic.scaling import ElasticBook, JobState, job_of
 from exporter.cluster.ledger import SAME_PREEMPTION_WINDOW_S, PreemptionLedger
 from exporter.cluster.objects import (
     GPU_RESOURCE,
@@ -657,8 +657,8 @@ class ClusterModel:
         obj: Mapping[str, Any] | None = None,
     ) -> None:
         current = new if new is not None else old
-        if current is None:
-            return
+        if current is None or job_of(current) is None:
+            return  # not an elastic job's Workload: the book would ignore it (on_workload)
         time = now
         if new is not None and old is None and new.created is not None:
             time = new.created

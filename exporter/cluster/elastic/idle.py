@@ -24,6 +24,7 @@ took instead of leaving it idle.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar
@@ -45,6 +46,9 @@ REASONS: Final = (
 )
 _TOPOLOGY_PHRASES = ("allows to fit only", "doesn't allow to fit", "topology")
 _NOT_DEMAND_PHRASES = ("doesn't exist", "couldn't find matching flavor", "is inactive")
+# Either list as one search (this runs for every pending Workload's event)
+_TOPOLOGY = re.compile("|".join(map(re.escape, _TOPOLOGY_PHRASES)))
+_NOT_DEMAND = re.compile("|".join(map(re.escape, _NOT_DEMAND_PHRASES)))
 _NOT_DEMAND_REASONS = frozenset({"Misconfigured", "NoMatchingFlavor", "ClusterQueueStopped"})
 
 K = TypeVar("K", bound=Hashable)
@@ -85,9 +89,9 @@ def demand_cause(workload: Workload) -> DemandCause | None:
     if cond is None or cond.status != "False":
         return "claimable"
     lowered = cond.message.lower()
-    if cond.reason in _NOT_DEMAND_REASONS or any(p in lowered for p in _NOT_DEMAND_PHRASES):
+    if cond.reason in _NOT_DEMAND_REASONS or _NOT_DEMAND.search(lowered):
         return None
-    if any(p in lowered for p in _TOPOLOGY_PHRASES):
+    if _TOPOLOGY.search(lowered):
         return "topology"
     if "quota" in lowered:
         return "quota"
