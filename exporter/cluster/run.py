@@ -101,7 +101,13 @@ def serve_cluster(
     stop what is queued is written (for up to 10 s). `goodput` configures the goodput ledger
     (checkpoint key, repeat offenders); with a history store it is rebuilt from it at start,
     so a restart keeps the ledger; `goodput_job_cap` bounds its per-job series. `admission`
-    (enabled): the topowatch.io/node-health admission check runs every interval, leader only."""
+    (enabled): the topowatch.io/node-health admission check runs every interval, leader only;
+    with a history store every recorded decision is written to it (audit rows of kind
+    "admission", /api/v1/admission/history) and the recent ones are restored at start.
+    `controller` (remediation, its settings from --remediation-config) includes
+    `rack_escalation: {enabled, share}` (off by default): a UltraServer whose share of bad
+    nodes reaches `share` is escalated as one rack (healthcheck/remediation/rack.py), shown in
+    /api/v1/remediation."""
     service = ClusterService(
         workload_cap=workload_cap,
         controller=controller,
@@ -119,8 +125,10 @@ def serve_cluster(
             controller.auditor if controller is not None else None,
             goodput=service.goodput,
             clock=service.clock,
+            admission=service.admission.audit if service.admission is not None else None,
         )
         _restore_goodput(service)
+        _restore_admission(service)
         if leadership is not None:
             history.leading = lambda: leadership.is_leader
         history.writer.start()
@@ -192,6 +200,24 @@ def serve_cluster(
         if leadership is not None:
             leadership.stop()
     return service
+
+
+def _restore_admission(service: ClusterService) -> None:
+    """The admission check's recent decisions as the previous process left them, so
+    /api/v1/admission and explain's "admission held" survive a restart. A store that is away
+    costs only that: the ring begins empty."""
+    from exporter.store.sqlstore import StoreUnavailable
+
+    try:
+        restored = service.restore_admission()
+    except StoreUnavailable as exc:
+        log.error("admission decisions not restored (history store unavailable): %s", exc)
+        return
+    except Exception:  # a decision it cannot read must not stop the service
+        log.exception("admission decisions not restored")
+        return
+    if restored:
+        log.info("admission: %d decisions restored from the history store", restored)
 
 
 def _restore_goodput(service: ClusterService) -> None:

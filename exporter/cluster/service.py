@@ -19,7 +19,12 @@ from aiohttp import web
 from exporter.cluster.goodput import GoodputBook
 from exporter.cluster.history.args import parse_since as parse_since
 from exporter.cluster.history.routes import add_history_routes
-from exporter.cluster.history.rows import LIVE_CURSOR, live_audit_page, live_preemption_page
+from exporter.cluster.history.rows import (
+    LIVE_CURSOR,
+    live_admission_page,
+    live_audit_page,
+    live_preemption_page,
+)
 from exporter.cluster.informers import InformerSet
 from exporter.cluster.metrics import goodput as goodput_metrics
 from exporter.cluster.metrics import render as metrics
@@ -294,6 +299,24 @@ class ClusterService:
         if self.admission is None:
             return None
         return self.admission.view(workload, limit)
+
+    def admission_page(self, q: AuditQuery) -> tuple[Page, str, str | None]:
+        """The admission check's decisions over the whole history (`q.admission`)."""
+
+        def live() -> Page:
+            audit = self.admission.audit if self.admission is not None else None
+            recent = audit.recent(q.workload, limit=1 << 30) if audit is not None else []
+            return live_admission_page(recent, q)
+
+        return self._history_or_live(q.cursor, lambda store: store.audit(q), live)
+
+    def restore_admission(self) -> int:
+        """Refill the admission audit from the history store (before the first cycle): the
+        entries restored; StoreUnavailable when the store is away."""
+        if self.history is None or self.admission is None:
+            return 0
+        audit = self.admission.audit
+        return audit.restore(self.history.admission_documents(audit.capacity))
 
     def tick_goodput(self) -> None:
         """Settle the attributions that are due with no event to do it (on a timer)."""

@@ -152,6 +152,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX goodput_job ON goodput (kind, namespace, job, time DESC, id DESC)",
         ),
     ),
+    Migration(
+        4,
+        "audit: the admission check's decisions (kind admission), by workload",
+        # Admission decisions share the audit table (records.AuditRow); `subject` is the
+        # workload they judged. Existing rows, remediation's, are about no subject.
+        (
+            "ALTER TABLE audit ADD COLUMN subject TEXT NOT NULL DEFAULT ''",
+            "CREATE INDEX audit_kind ON audit (kind, time DESC, id DESC)",
+            "CREATE INDEX audit_subject ON audit (kind, subject, time DESC, id DESC)",
+        ),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

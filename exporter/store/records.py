@@ -68,9 +68,16 @@ class WorkloadRow:
     document: dict[str, Any]
 
 
+ADMISSION = "admission"  # the audit kind of the admission check's decisions
+
+
 @dataclass(frozen=True)
 class AuditRow:
-    """One remediation audit record (`AuditRecord.as_dict()` as the document)."""
+    """One audit record: a remediation record (`AuditRecord.as_dict()` as the document), or,
+    of kind ADMISSION, a decision of the topowatch.io/node-health admission check (its
+    `/api/v1/admission` entry as the document; `verdict` the state answered, `node` the node
+    that held it, `subject` the workload "namespace/name"). One table for both: they are the
+    same thing, a judgment with its reason kept for later, read newest first by time."""
 
     time: float
     node: str
@@ -79,6 +86,7 @@ class AuditRow:
     reason: str
     action: str
     document: dict[str, Any]
+    subject: str = ""  # what beyond the node the record is about (an admission's workload)
 
 
 @dataclass(frozen=True)
@@ -175,12 +183,16 @@ class PreemptionQuery:
 
 @dataclass(frozen=True)
 class AuditQuery:
-    """Audit records at time >= `since`, newest first, optionally of one node."""
+    """Audit records at time >= `since`, newest first, optionally of one node. Remediation
+    records unless `admission`: then the admission check's decisions only, optionally of one
+    `workload` ("namespace/name")."""
 
     since: float
     node: str | None = None
     limit: int = DEFAULT_LIMIT
     cursor: str | None = None
+    admission: bool = False
+    workload: str | None = None
 
     def __post_init__(self) -> None:
         _check_limit(self.limit)

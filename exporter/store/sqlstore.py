@@ -39,6 +39,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from exporter.store import migrations
 from exporter.store.records import (
+    ADMISSION,
     AuditQuery,
     AuditRow,
     GoodputQuery,
@@ -123,8 +124,12 @@ def _values(row: Row) -> list[Any]:
         for v in (getattr(row, f.name),)
     ]
     if isinstance(row, AuditRow):
-        # Audit records have no natural key: the same record written twice has the same digest.
-        return [hashlib.sha256(_json(dataclasses.asdict(row)).encode()).hexdigest(), *values]
+        # Audit records have no natural key: the same record written twice has the same digest
+        # (an empty `subject`, which migration 4 added, left out: digests stay as they were).
+        fields = dataclasses.asdict(row)
+        if not row.subject:
+            del fields["subject"]
+        return [hashlib.sha256(_json(fields).encode()).hexdigest(), *values]
     return values
 
 
@@ -499,6 +504,15 @@ def page_sql(q: PreemptionQuery | AuditQuery | GoodputQuery) -> tuple[str, list[
                 params.append(value)
     else:
         table = "audit"
+        if q.admission:
+            where.append("kind = ?")
+            params.append(ADMISSION)
+            if q.workload is not None:
+                where.append("subject = ?")
+                params.append(q.workload)
+        else:
+            where.append("kind <> ?")
+            params.append(ADMISSION)
         if q.node is not None:
             where.append("node = ?")
             params.append(q.node)

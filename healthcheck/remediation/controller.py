@@ -1260,6 +1260,7 @@ class RemediationController:
                 for state in [self._states.get(name)]
             ]
             breaker = self.breaker.as_dict()
+            racks = [d.as_dict() for d in self.rack_decisions]
         return {
             "mode": self.config.mode,
             "providers": [p.name for p in self.providers],
@@ -1281,6 +1282,13 @@ class RemediationController:
                 "checks": list(self._deep_checks()),
             },
             "ladder": self.config.ladder.as_list(),
+            # What was escalated to a whole UltraServer (rack.py), for which rack and why: the
+            # last round's rack decisions that were audited (their records are in `recent`).
+            "rack_escalation": {
+                "enabled": self.config.rack_escalation,
+                "share": self.config.rack_share,
+                "decisions": racks,
+            },
             "nodes": nodes,
             "recent": self.auditor.recent(100),
         }

@@ -346,6 +346,26 @@ def test_the_charts_remediation_config_is_one_the_service_accepts() -> None:
         assert problems == [] and config.mode == profile
         assert config.ladder.rules == DEFAULT_LADDER.rules
         assert config.healthy_reset_s == 86400
+        assert raw["rack_escalation"] == {"enabled": False, "share": 0.5}
+        assert config.rack_escalation is False and config.rack_share == 0.5
+
+
+def test_rack_escalation_is_a_chart_value_passed_to_the_remediation_config() -> None:
+    values = {
+        "remediation": {
+            "enabled": True,
+            "mode": "act",
+            "config": {"rack_escalation": {"enabled": True, "share": 0.75}},
+        }
+    }
+    from healthcheck.remediation.policy import PolicyConfig
+
+    config_map = one(render(CHART, values), "ConfigMap", "topowatch-cluster-remediation")
+    raw = yaml.safe_load(config_map["data"]["remediation.yaml"])
+    config, problems = PolicyConfig.from_mapping(raw)
+    assert problems == []
+    assert config.rack_escalation is True and config.rack_share == 0.75
+    assert raw["budget"] == {"nodes": 2, "percent": 2}  # the other defaults stay
 
 
 def test_remediation_in_act_mode_gets_only_its_write_verbs() -> None:

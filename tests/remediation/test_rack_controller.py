@@ -260,3 +260,22 @@ def test_a_member_with_an_unreadable_state_holds_the_rack(hook: tuple[str, type[
     controller, writer = run(ON, WebhookNotifier(url), objs)
     assert handler.received == [] and writer.states == {}
     assert [d.reason for d in controller.rack_decisions] == ["malformed_state"]
+
+
+def test_the_remediation_status_shows_what_was_escalated_for_which_rack_and_why(
+    hook: tuple[str, type[_Hook]],
+) -> None:
+    """/api/v1/remediation (`RemediationController.status`) names the setting and the rack
+    decisions: which UltraServer, what it was asked, its bad nodes and the reason."""
+    url, _ = hook
+    controller, _ = run(ON, WebhookNotifier(url), rack_nodes(9))
+    rack = controller.status()["rack_escalation"]
+    assert (rack["enabled"], rack["share"]) == (True, 0.5)
+    [decision] = rack["decisions"]
+    assert decision["scope"] == "ultraserver" and decision["ultraserver"] == RACK
+    assert (decision["action"], decision["verdict"]) == ("reboot", "act")
+    assert decision["bad_nodes"] == [f"n{i:02d}" for i in range(9)]
+    assert decision["detail"] == "reboot the rack: 9 of 18 nodes bad (50%)"  # why
+    json.dumps(controller.status())  # what the route answers: JSON as it is
+    off, _ = run(OFF, WebhookNotifier(url), rack_nodes(9))
+    assert off.status()["rack_escalation"] == {"enabled": False, "share": 0.5, "decisions": []}

@@ -4,7 +4,10 @@ when the tests run as root). Every behaviour test runs on both backends."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
+import json
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +21,7 @@ import pytest
 
 from exporter.store.migrations import LATEST, SchemaTooNew
 from exporter.store.records import (
+    ADMISSION,
     AuditQuery,
     AuditRow,
     PreemptionQuery,
@@ -256,6 +260,12 @@ def test_queries_walk_an_index(store: SqlStore, url: str) -> None:
     ]
     store.write(rare)
     store.write([AuditRow(NOW - i, f"n{i % 50}", "k", "v", "", "a", {}) for i in range(2_000)])
+    store.write(
+        [
+            AuditRow(NOW - i, "n1", ADMISSION, "Retry", "", "written", {}, f"ns/w{i % 50}")
+            for i in range(2_000)
+        ]
+    )
     cursor = store.preemptions(PreemptionQuery(since=0)).next_cursor
     queries: list[tuple[PreemptionQuery | AuditQuery, set[str]]] = [
         (PreemptionQuery(since=0), {"preemptions_time"}),
@@ -267,6 +277,8 @@ def test_queries_walk_an_index(store: SqlStore, url: str) -> None:
             {"preemptions_victim_queue", "preemptions_preemptor_queue"},
         ),
         (AuditQuery(since=0, node="n7"), {"audit_node"}),
+        (AuditQuery(since=0, admission=True), {"audit_kind"}),
+        (AuditQuery(since=0, admission=True, workload="ns/w7"), {"audit_subject"}),
     ]
     if url.startswith("postgresql"):
         peek(url, "ANALYZE")
@@ -289,6 +301,36 @@ def test_queries_walk_an_index(store: SqlStore, url: str) -> None:
     else:
         plan = "\n".join(r[0] for r in peek(url, f"EXPLAIN {victims_sql(3)}", names))
     assert "preemptions_victim" in plan and "Seq Scan" not in plan, plan
+
+
+def test_admission_decisions_share_the_audit_table_apart(store: SqlStore, url: str) -> None:
+    """Issue 30: admission decisions are audit rows of kind "admission", by workload
+    (`subject`); remediation's reads never see them, and a replayed row is one row."""
+    remediation = AuditRow(NOW - 5, "n1", "decision", "act", "xid", "reboot", {"r": 1})
+    decisions = [
+        AuditRow(NOW - i, "n1", ADMISSION, "Retry", "unhealthy_node", "written", {"i": i}, w)
+        for i, w in enumerate(["ns/a", "ns/b", "ns/a"])
+    ]
+    store.write([remediation, *decisions])
+    store.write(decisions[:1])  # replayed: upserted by its digest
+
+    def audit(**query: Any) -> list[dict[str, Any]]:
+        return list(store.audit(AuditQuery(since=0, **query)).items)
+
+    assert audit() == [{"r": 1}]
+    assert audit(node="n1") == [{"r": 1}]
+    assert audit(admission=True) == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert audit(admission=True, workload="ns/a") == [{"i": 0}, {"i": 2}]
+    first = store.audit(AuditQuery(since=0, admission=True, limit=2))
+    rest = store.audit(AuditQuery(since=0, admission=True, cursor=first.next_cursor))
+    assert [*first.items, *rest.items] == audit(admission=True)
+    assert count(url, "audit") == 4
+    # a remediation row's digest is what it was before `subject` existed (migration 4)
+    fields = {k: v for k, v in dataclasses.asdict(remediation).items() if k != "subject"}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode())
+    assert peek(url, "SELECT digest, subject FROM audit WHERE kind = 'decision'") == [
+        (digest.hexdigest(), "")
+    ]
 
 
 @pytest.mark.parametrize(

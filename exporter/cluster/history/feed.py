@@ -14,6 +14,13 @@ them, so what the old leader had not yet written when it died is written by the 
 writes are upserts, and copies of one preemption under two writers' keys merge in the store.
 A backlog is written a slice per pump (MAX_*_PER_PUMP), so the lock is never held for long.
 
+The admission check's decisions (issue 30) take the same path: `AdmissionAudit.on_record`
+queues each recorded decision (only recorded ones: a changed outcome), and the pump writes it
+as an audit row of kind "admission" (rows.admission_row). Only the leader judges, but marks are
+kept, bounded (MAX_ADMISSION), until this replica leads and the store takes them; while the
+store is away the writer queues them and says so (topowatch_history_store_up,
+topowatch_history_write_failures_total), and the decision stays in the audit's ring.
+
 What a kind's first list shows already finished is not written (the model does not report it):
 whoever watched it finish wrote it, with a richer timeline than a restart can rebuild.
 """
@@ -30,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from exporter.cluster.elastic.scaling import ScaleEvent
 from exporter.cluster.history.rows import (
+    admission_row,
     audit_row,
     marked_deleted,
     preemption_row,
@@ -39,6 +47,7 @@ from exporter.cluster.history.rows import (
 from exporter.cluster.model import ClusterModel, WorkloadState
 from exporter.core.exposition import COUNTER, GAUGE, Family
 from exporter.store.records import (
+    MAX_LIMIT,
     AuditQuery,
     GoodputQuery,
     Page,
@@ -64,6 +73,8 @@ MAX_ENDED = 20_000  # ended workloads waiting for their view to be written (a st
 MAX_PREEMPTIONS_PER_PUMP = 2_000
 MAX_VIEWS_PER_PUMP = 200
 SEEN_FINISH_KEEP = 100_000  # UIDs of workloads seen finishing, for their deletion
+MAX_ADMISSION = 20_000  # admission decisions waiting to be written (a standby's too)
+MAX_ADMISSION_PER_PUMP = 2_000
 
 
 class HistoryStore(Protocol):
@@ -78,6 +89,14 @@ class HistoryStore(Protocol):
     def goodput_all(self, kind: str, since: float = 0.0) -> list[dict[str, Any]]: ...
     def prune(self, now: float, max_age_s: float, max_rows: int) -> int: ...
     def close(self) -> None: ...
+
+
+class DecisionAudit(Protocol):
+    """What the feed needs of the admission check's audit (exporter.cluster.admission.audit
+    `AdmissionAudit`, a layer this one does not import): the hook it calls with each recorded
+    decision's entry."""
+
+    on_record: Callable[[dict[str, Any]], None] | None
 
 
 class HistoryFeed:
@@ -113,6 +132,7 @@ class HistoryFeed:
         self._ended: deque[tuple[WorkloadState, bool, float]] = deque(maxlen=MAX_ENDED)
         self._open: deque[ScaleEvent] = deque(maxlen=MAX_OPEN_EVENTS)
         self._seen_finish: dict[str, None] = {}  # insertion-ordered set, bounded
+        self._admission: deque[dict[str, Any]] = deque(maxlen=MAX_ADMISSION)
         self._last_prune: float | None = None
         self._pump_lock = threading.Lock()
         self.pruned = 0
@@ -124,10 +144,12 @@ class HistoryFeed:
         auditor: Auditor | None = None,
         goodput: GoodputBook | None = None,
         clock: Callable[[], float] | None = None,
+        admission: DecisionAudit | None = None,
     ) -> None:
-        """Listen to `model` (call before it applies anything), to `auditor`, and write the
-        goodput ledger's changed rows (`GoodputBook.dirty_rows`, which keeps its own marks)
-        as of `clock` (the service's: the model's time)."""
+        """Listen to `model` (call before it applies anything), to `auditor`, to the admission
+        check's `admission` audit, and write the goodput ledger's changed rows
+        (`GoodputBook.dirty_rows`, which keeps its own marks) as of `clock` (the service's:
+        the model's time)."""
         self._model = model
         self._goodput = goodput
         self._goodput_clock = clock or self.clock
@@ -136,6 +158,8 @@ class HistoryFeed:
         model.elastic.on_event = self._open.append
         if auditor is not None:
             auditor.on_record = self._audit
+        if admission is not None:
+            admission.on_record = self._admission.append
 
     # -- the event path: O(1), under the service lock (audit: the controller's thread) --
 
@@ -155,6 +179,9 @@ class HistoryFeed:
             with lock:
                 rows, deleted = self._collect(leading)
             rows += [self._deleted_row(row) for row in deleted]
+            if leading:  # deque appends (the audit's thread) and poplefts are atomic
+                for _ in range(min(len(self._admission), MAX_ADMISSION_PER_PUMP)):
+                    rows.append(admission_row(self._admission.popleft()))
             for row in rows:
                 self.writer.submit(row)
             if leading:
@@ -209,6 +236,27 @@ class HistoryFeed:
             self.store.goodput_all("finding"),
             self.store.goodput_all("ledger"),
         )
+
+    def admission_documents(self, limit: int) -> list[dict[str, Any]]:
+        """The newest `limit` admission decisions a previous process wrote, oldest first, for
+        `AdmissionAudit.restore`; StoreUnavailable when the store is away."""
+        found: list[dict[str, Any]] = []
+        cursor = None
+        while len(found) < limit:
+            page = self.store.audit(
+                AuditQuery(
+                    since=0.0,
+                    admission=True,
+                    limit=min(MAX_LIMIT, limit - len(found)),
+                    cursor=cursor,
+                )
+            )
+            found.extend(page.items)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        found.reverse()
+        return found
 
     def _deleted_row(self, ours: WorkloadRow) -> Row:
         try:

@@ -2,6 +2,10 @@
 
     GET /api/v1/preemptions?since=30d&until=&namespace=&queue=&verdict=&limit=100&cursor=
     GET /api/v1/remediation/history?since=7d&node=&limit=100&cursor=
+    GET /api/v1/admission/history?since=7d&workload=NAMESPACE/NAME&node=&limit=100&cursor=
+
+The last is the topowatch.io/node-health admission check's decisions (issue 30), each the same
+entry /api/v1/admission lists, from the store: they outlive a restart.
 
 Both answer a JSON list, newest first, of the same documents the live views give. The next
 page's cursor is in the `X-Next-Cursor` header and a `Link: <...>; rel="next"` header (absent on
@@ -46,6 +50,9 @@ class HistoryService(Protocol):
 
     def preemption_page(self, q: PreemptionQuery) -> Answer: ...
     def audit_page(self, q: AuditQuery) -> Answer: ...
+    def admission_page(self, q: AuditQuery) -> Answer: ...
+    @property
+    def admission(self) -> object | None: ...
 
 
 def add_history_routes(app: web.Application, service: HistoryService, off_loop: OffLoop) -> None:
@@ -101,7 +108,25 @@ def add_history_routes(app: web.Application, service: HistoryService, off_loop: 
         except StoreUnavailable as exc:
             return _error(503, f"history store unavailable: {exc}")
 
+    async def admission_history(request: web.Request) -> web.Response:
+        if service.history is None and service.admission is None:
+            return _error(404, "no admission check (admission.enabled) and no history store")
+        q = request.query
+        try:
+            query = AuditQuery(
+                **common(request),
+                node=q.get("node") or None,
+                admission=True,
+                workload=q.get("workload") or None,
+            )
+            return answer(request, await off_loop(service.admission_page, query))
+        except ValueError as exc:
+            return _error(400, str(exc))
+        except StoreUnavailable as exc:
+            return _error(503, f"history store unavailable: {exc}")
+
     app.router.add_get("/api/v1/preemptions", preemptions)
+    app.router.add_get("/api/v1/admission/history", admission_history)
     app.router.add_get("/api/v1/remediation/history", remediation_history)
 
 

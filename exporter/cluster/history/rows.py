@@ -2,8 +2,9 @@
 
 Each row's document is exactly what the live API answers for the same thing (a preemption's
 `preemption_view`, a workload's explain view, a scale event's `event_view`, an audit record's
-`as_dict`), so a reader cannot tell history from live but by the `history` note a finished
-workload carries. Pure functions: the feed (feed.py) calls them under the service lock.
+`as_dict`, an admission decision's /api/v1/admission entry), so a reader cannot tell history
+from live but by the `history` note a finished workload carries. Pure functions: the feed
+(feed.py) calls them under the service lock.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from exporter.cluster.model import ClusterModel, WorkloadState
 from exporter.cluster.views.elastic import event_view, explained_workload
 from exporter.cluster.views.workloads import iso, preemption_view
 from exporter.store.records import (
+    ADMISSION,
     AuditQuery,
     AuditRow,
     Page,
@@ -107,6 +109,22 @@ def audit_row(record: AuditRecord) -> AuditRow:
     )
 
 
+def admission_row(entry: dict[str, Any]) -> AuditRow:
+    """An admission decision (`exporter.cluster.admission.audit.as_dict`) as an audit row of
+    kind "admission": `verdict` the state answered ("none": no answer yet), `action` what
+    became of it (written, observe, unchanged, an error), `subject` the workload."""
+    return AuditRow(
+        time=float(entry["at"]),
+        node=str(entry.get("node") or ""),
+        kind=ADMISSION,
+        verdict=str(entry.get("state") or "none"),
+        reason=str(entry.get("reason") or ""),
+        action=str(entry.get("written") or entry.get("mode") or ""),
+        document=dict(entry),
+        subject=str(entry["workload"]),
+    )
+
+
 # -- pages from the live model, when there is no store or it is unavailable --------------------
 
 
@@ -163,3 +181,24 @@ def live_audit_page(numbered: list[tuple[int, AuditRecord]], q: AuditQuery) -> P
         return Page(items, None)
     seq, record = page[-1]
     return Page(items, LIVE_CURSOR + encode_cursor(record.at, seq))
+
+
+def live_admission_page(recent: list[dict[str, Any]], q: AuditQuery) -> Page:
+    """`q` over the admission audit's ring (`AdmissionAudit.recent`, newest first); a live
+    cursor is the (time, position from the oldest) of the last entry seen."""
+    after = live_cursor(q.cursor)
+    total = len(recent)
+    matches = [
+        (total - i, entry)
+        for i, entry in enumerate(recent)
+        if float(entry.get("at", 0.0)) >= q.since
+        and (q.workload is None or entry.get("workload") == q.workload)
+        and (q.node is None or entry.get("node") == q.node)
+        and (after is None or total - i < after[1])
+    ]
+    page = matches[: q.limit]
+    items = tuple(dict(entry) for _, entry in page)
+    if len(matches) <= q.limit:
+        return Page(items, None)
+    seq, entry = page[-1]
+    return Page(items, LIVE_CURSOR + encode_cursor(float(entry.get("at", 0.0)), seq))
