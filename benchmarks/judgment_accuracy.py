@@ -20,6 +20,18 @@ Every decision the simulated Kueue and HyperPod operator make is logged with its
 - scale event kind and cause: each elastic scale event, once settled, against the service's
   scale events of that job (a scale-up that failed counts as its own kind; a Workload removed
   with its completed job must make no event), and every live service event without a match.
+- admission: the ClusterQueues list the `topowatch-node-health` AdmissionCheck and the
+  service runs its controller in enforce mode, writing into the simulated API server after
+  each step's delivery. Each verdict it writes (Ready / Retry) is logged by the simulation
+  with the truth at that moment (`SimulatedCluster.note_check_verdicts`, decision kind
+  `admission`): Retry when a node of the workload's TAS assignment carries what the service
+  could see on its Node object (an actionable finding asking for an action on the
+  topowatch.io/findings annotation, a HyperPod Unschedulable* label, which cordons it, or
+  Ready gone: exporter/cluster/admission/decide.py), Ready otherwise. The truth is what was
+  published, not what happened: a fault the agent has not reported yet is invisible to any
+  check, and counting it would score a race, not a judgment (benchmarks/admission_day.py
+  measures those races). Node faults are on (exporter/sim/node_faults.py, scaled up), so
+  findings reach the Nodes, as do the HyperPod cordons below.
 
 Prints agreement per judgment and every disagreement with the line that replays it:
 
@@ -45,14 +57,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from exporter.cluster.admission.controller import AdmissionController
+from exporter.cluster.admission.parse import AdmissionCheckInfo, WorkloadChecks
+from exporter.cluster.admission.settings import AdmissionSettings
 from exporter.cluster.elastic.scaling import ScaleEvent
 from exporter.cluster.informers import WATCHED
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.service import ClusterService
 from exporter.sim.cluster import ClusterShape, Fidelity, SimulatedCluster
 from exporter.sim.kubeapi.store import ObjectStore, StoredEntry
+from exporter.sim.kueue.checks import AdmissionChecks
 from exporter.sim.kueue.convert import GROUP as KUEUE_GROUP
 from exporter.sim.kueue.decisions import Decision, ScaleTruth
+from exporter.sim.node_faults import FaultRates
 
 START = 1_795_000_000.0
 PLURAL_KIND = {w.plural: w.kind for w in WATCHED}
@@ -63,7 +80,13 @@ JUDGMENTS = (
     "preemption verdict",
     "scale event kind",
     "scale event cause",
+    "admission",
 )
+# Node faults at Meta's rate times FAULT_SCALE (a few a simulated hour), and HyperPod's
+# proactive reboots (a warning finding on a node still schedulable until the reboot: what
+# Kueue can place work on and the check must answer Retry for) about 20 a simulated hour.
+FAULT_SCALE = 2000.0
+PROACTIVE_PER_1000_NODE_DAYS = 8.0
 MATCH_WINDOW_S = 10.0  # a service scale event this close to the truth's time is its record
 SETTLE_DOWN_S = 90.0  # the service settles a scale-down's cause within 60 s (scaling.SETTLE_S)
 SETTLE_UP_S = 15.0
@@ -189,6 +212,37 @@ class Informers:
         return delivered
 
 
+class StoreWriter:
+    """The admission controller's StatusWriter onto the in-process API server (as
+    benchmarks/admission_day.py): a merge patch of status, lists replaced, refused on a
+    resourceVersion conflict."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def _patch(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> str:
+        obj = self.store.get(plural, namespace, name)
+        if obj is None:
+            return "not_found"
+        want = patch.get("metadata", {}).get("resourceVersion")
+        if want is not None and str(want) != str(obj["metadata"].get("resourceVersion")):
+            return "conflict"
+        status = obj.setdefault("status", {})
+        for key, value in patch.get("status", {}).items():
+            status[key] = value
+        self.store.upsert(plural, obj)
+        return "written"
+
+    def write(self, checks: WorkloadChecks, patch: dict[str, Any]) -> str:
+        return self._patch("workloads", checks.namespace, checks.name, patch)
+
+    def activate(self, check: AdmissionCheckInfo, patch: dict[str, Any]) -> str:
+        return self._patch("admissionchecks", "", check.name, patch)
+
+    def list_checks(self) -> list[dict[str, Any]] | None:
+        return self.store.items("admissionchecks")
+
+
 class Run:
     """One seed: the simulation, the service watching it, and the judge."""
 
@@ -197,13 +251,28 @@ class Run:
         seed: int,
         restart_every: tuple[float, float] = (600.0, 1500.0),
         log: Callable[[str], None] | None = None,
+        admission: bool = True,
     ) -> None:
         self.seed = seed
+        self.admission = admission
         self.rng = random.Random(f"judge-{seed}")
         self.now = START
         self.store = ObjectStore(clock=lambda: self.now)
         self.cluster = SimulatedCluster(
-            self.store, shape(), seed=seed, start=START, elastic=True, fidelity=Fidelity()
+            self.store,
+            shape(),
+            seed=seed,
+            start=START,
+            elastic=True,
+            fidelity=Fidelity(),
+            faults=(
+                FaultRates(
+                    scale=FAULT_SCALE, remediation_per_1000_node_days=PROACTIVE_PER_1000_NODE_DAYS
+                )
+                if admission
+                else None
+            ),
+            admission_checks=AdmissionChecks() if admission else None,
         )
         kueue_version = "v1beta1" if seed % 2 else "v1beta2"
         self.informers = Informers(self.store, self.rng, kueue_version)
@@ -221,7 +290,12 @@ class Run:
         self.matched: set[int] = set()  # ids of the service's scale events judged
 
     def _fresh_service(self) -> ClusterService:
-        service = ClusterService(model=ClusterModel(), clock=lambda: self.now)
+        admission = None
+        if self.admission:
+            admission = AdmissionController(
+                AdmissionSettings(enabled=True, mode="enforce"), StoreWriter(self.store)
+            )
+        service = ClusterService(model=ClusterModel(), clock=lambda: self.now, admission=admission)
         service.model.expect_lists(REQUIRED_KINDS, self.now)
         # Every scale event the service opens, as its history feed is told of them: a job's
         # events leave the live model with the job, not from what it reported.
@@ -245,6 +319,10 @@ class Run:
         self._faults()
         self.cluster.step(self.now)
         self.informers.deliver(self.service)
+        # The check's controller judges what it was just told and writes; the simulation logs
+        # each verdict with the truth before anything else changes (note_check_verdicts).
+        self.service.admission_cycle()
+        self.cluster.note_check_verdicts()
         self.result.steps += 1
         log = self.cluster.decisions
         new = log.decisions[self.decision_seen :]
@@ -287,6 +365,8 @@ class Run:
                 self._pending(d)
             elif d.kind == "preempted":
                 self._preemption(d)
+            elif d.kind == "admission":
+                self._admission(d)
         self.judge_scale(final=False)
 
     def _count(self, judgment: str, ok: bool, disagreement: Disagreement | None) -> None:
@@ -390,6 +470,23 @@ class Run:
                 d.cause,
                 service,
                 _oracle_detail(d) + f"\n      service: {detail}",
+            ),
+        )
+
+    def _admission(self, d: Decision) -> None:
+        """The controller's verdict (what it wrote) against the truth the simulation logged
+        with it: Ready when every assigned node was fit as published, Retry otherwise."""
+        self._count(
+            "admission",
+            d.verdict == d.cause,
+            Disagreement(
+                "admission",
+                d.seed,
+                d.step,
+                d.workload,
+                d.cause,
+                d.verdict,
+                f"oracle: {d.detail}\n      service: {d.message}",
             ),
         )
 
@@ -557,10 +654,13 @@ def run_seed(
     log: Callable[[str], None] | None = None,
     max_steps: int = 100_000,
     restart_every: tuple[float, float] = (600.0, 1500.0),
+    admission: bool = True,
 ) -> tuple[Result, Run]:
-    """Run one seed until `decisions` decisions (or step `until`), judging as it goes."""
+    """Run one seed until `decisions` decisions (or step `until`), judging as it goes.
+    `admission` False: no AdmissionCheck, no node faults (the cluster the other judgments
+    were first measured on)."""
     started = time.perf_counter()
-    run = Run(seed, restart_every=restart_every, log=log)
+    run = Run(seed, restart_every=restart_every, log=log, admission=admission)
     run.start()
     while run.result.steps < max_steps:
         if until is not None and run.cluster.step_index >= until:
@@ -621,12 +721,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until", type=int, help="with --seed: stop after this step")
     parser.add_argument("--jsonl", help="write the decision log(s) here as JSON lines")
     parser.add_argument("--all", action="store_true", help="list every disagreement")
+    parser.add_argument(
+        "--no-admission", action="store_true", help="no admission check and no node faults"
+    )
     args = parser.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else [int(s) for s in args.seeds.split(",")]
     total = Result()
     logs = []
     for seed in seeds:
-        result, run = run_seed(seed, args.decisions, until=args.until)
+        result, run = run_seed(
+            seed, args.decisions, until=args.until, admission=not args.no_admission
+        )
         logs.extend(run.cluster.decisions.records())
         version = "v1beta1" if seed % 2 else "v1beta2"
         print(f"seed {seed} (Kueue objects at {version}): " + summary(result)[0], flush=True)

@@ -51,6 +51,11 @@ def add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="let the controller act on the simulated nodes (HyperPod labels); default observe",
     )
     demo.add_argument(
+        "--no-admission-check",
+        action="store_true",
+        help="no topowatch-node-health AdmissionCheck (default: listed and enforced)",
+    )
+    demo.add_argument(
         "--prometheus-port",
         type=int,
         default=9090,
@@ -78,6 +83,7 @@ def run_demo(args: argparse.Namespace) -> int:
             with_agents=not args.no_node_agents,
             remediate=args.remediate,
             prometheus_port=args.prometheus_port,
+            admission_check=not args.no_admission_check,
         )
     except (ValueError, FaultSpecError) as e:
         print(f"topowatch demo: {e}", file=sys.stderr)

@@ -26,7 +26,10 @@ ClusterQueues list AdmissionChecks, and a quota reservation leaves the workload 
 but not Admitted, its Job suspended (no pods), until every check is Ready. A check controller
 decides by patching the Workload's status.admissionChecks in the API server; each step reads
 that back before Kueue's workload controller acts on it: all Ready admits, a Retry evicts and
-requeues after the Retry's requeueAfterSeconds, a Rejected deactivates.
+requeues after the Retry's requeueAfterSeconds, a Rejected deactivates. As the oracle of
+topowatch's node-health check, `note_check_verdicts` logs each verdict a controller wrote with
+the truth of that moment, judged from what the Node objects show (`observable_problem`);
+`stand_in_checks` answers the checks from that truth where no controller watches (a past).
 
 Deliberate simplifications: evicted and finished pods vanish at once (no Terminating phase);
 Jobs are not written (the store serves no batch/v1), Workloads and Pods still name their Job
@@ -198,6 +201,7 @@ class SimulatedCluster:
         self._get: Callable[[str, str, str], dict[str, Any] | None] | None = (
             getter if admission_checks is not None and callable(getter) else None
         )
+        self._verdicts_noted: set[tuple[str, str, str, str]] = set()  # note_check_verdicts
         self._check_active: dict[str, bool] = {}
         self._cq_inactive: dict[str, tuple[str, str, float]] = {}
         self._cq_active_since: dict[str, float] = {}  # active again since
@@ -933,6 +937,120 @@ class SimulatedCluster:
         w.backoff_until = w.requeue_at = None
         w.requeue_count = 0
         self._write_workload(w)
+
+    # --- the admission check's oracle -----------------------------------------------------------
+
+    def observable_problem(self, node: str) -> str | None:
+        """Why `node` is unfit for new work as its published Node object shows it, or None.
+
+        Only what the simulation has written onto the Node counts, the same facts topowatch's
+        check judges (exporter/cluster/admission/decide.py, and Kueue leaves the judgment to
+        the check's controller): an actionable finding that asks for an action on the
+        `topowatch.io/findings` annotation, HyperPod's `Unschedulable*` health label (which
+        also cordons the node here), the Ready condition gone. A fault the node agent has
+        found but not yet reported (`_reports`), or one not yet found, is not observable: a
+        check that answers Ready then is right, and benchmarks/admission_day.py counts such
+        admissions as races, not misses."""
+        found = [] if node in self._garbled else self._findings.get(node, [])
+        live = [f for f in found if f.get("actionable") and f.get("action") not in (None, "none")]
+        if live:
+            return "finding on the Node: " + ", ".join(
+                f"{f.get('check')} {f.get('component')} action={f.get('action')}" for f in live
+            )
+        health = self._health.get(node, "Schedulable")
+        if health != "Schedulable":
+            return f"HyperPod health {health} (cordoned)"
+        if node in self._down:
+            return "not Ready"
+        return None
+
+    def placement(self, key: str) -> list[str]:
+        """The nodes workload `key` holds quota on (its TAS assignment), sorted; [] if none."""
+        holding = self._state.holdings.get(key)
+        return sorted({n for ps in holding.sets() for n, _ in ps.placement}) if holding else []
+
+    def admission_truth(self, key: str) -> tuple[str, str, tuple[str, ...]]:
+        """(Ready or Retry, why, the unfit nodes) for workload `key` now: Retry when any node
+        of its placement (the TAS assignment Kueue wrote) is unfit by `observable_problem`."""
+        nodes = self.placement(key)
+        bad = [(n, p) for n in nodes if (p := self.observable_problem(n)) is not None]
+        if bad:
+            return kc.RETRY, "; ".join(f"node {n}: {p}" for n, p in bad), tuple(n for n, _ in bad)
+        return kc.READY, f"{len(nodes)} assigned node(s) fit", ()
+
+    def note_check_verdicts(self) -> list[Decision]:
+        """Log (kind `admission`) each verdict of the node-health check a controller wrote in
+        the API server since the simulation last wrote the entry, with the truth at this
+        moment (`admission_truth`): call it right after the controller's cycle, before the
+        next step, so the truth is what the controller could see when it decided. `cause` is
+        the truth's state, `verdict` the controller's, `detail` why, `domains` the unfit
+        nodes, `message` the controller's message."""
+        if self._ac is None or self._get is None:
+            return []
+        ours = {c.name for c in self._ac.checks if c.controller == kc.NODE_HEALTH_CONTROLLER}
+        out: list[Decision] = []
+        for w in sorted(self._workloads.values(), key=lambda w: w.key):
+            if w.phase not in ("reserved", "admitted") or not w.checks:
+                continue
+            stored = self._get("workloads", w.namespace, w.name)
+            status = stored.get("status") if isinstance(stored, dict) else None
+            entries = status.get("admissionChecks") if isinstance(status, dict) else None
+            for e in entries if isinstance(entries, list) else ():
+                if not kc.valid_entry(e) or e["name"] not in ours or e["state"] == kc.PENDING:
+                    continue
+                if e == w.checks_written.get(e["name"]):
+                    continue  # as the simulation wrote it (or already took it)
+                mark = (w.uid, e["name"], e["state"], str(e.get("lastTransitionTime", "")))
+                if mark in self._verdicts_noted:
+                    continue
+                self._verdicts_noted.add(mark)
+                truth, why, nodes = self.admission_truth(w.key)
+                decision = Decision(
+                    seed=self.decisions.seed,
+                    step=self.step_index,
+                    time=self._now,
+                    kind="admission",
+                    workload=w.key,
+                    uid=w.uid,
+                    cluster_queue=w.cluster_queue,
+                    cause=truth,
+                    domains=nodes,
+                    detail=why,
+                    message=str(e.get("message", "")),
+                    verdict=e["state"],
+                )
+                self.decisions.add(decision)
+                out.append(decision)
+        return out
+
+    def stand_in_checks(self, backoff_s: int = 30, max_backoff_s: int = 600) -> int:
+        """Answer every Pending node-health check as its controller would, from the truth
+        (`admission_truth`): Ready, or Retry with requeueAfterSeconds `backoff_s` doubled per
+        earlier Retry up to `max_backoff_s`. For a cluster's past, before a real controller
+        watches (the demo's history). Returns the entries answered."""
+        if self._ac is None:
+            return 0
+        ours = {c.name for c in self._ac.checks if c.controller == kc.NODE_HEALTH_CONTROLLER}
+        answered = 0
+        for w in sorted(self._workloads.values(), key=lambda w: w.key):
+            if w.phase != "reserved" or not w.checks:
+                continue
+            changed = False
+            for entry in w.checks:
+                if entry.get("name") not in ours or entry.get("state") != kc.PENDING:
+                    continue
+                truth, why, _ = self.admission_truth(w.key)
+                entry.update(state=truth, lastTransitionTime=ko.rfc3339(self._now))
+                entry["message"] = why[:1024]
+                if truth == kc.RETRY:
+                    count = entry.get("retryCount")
+                    wait = backoff_s * 2 ** (count if isinstance(count, int) else 0)
+                    entry["requeueAfterSeconds"] = min(wait, max_backoff_s)
+                changed = True
+                answered += 1
+            if changed:
+                self._write_workload(w)
+        return answered
 
     # --- elastic jobs: the operator's scale events, as it caused them --------------------------
 

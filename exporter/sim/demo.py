@@ -11,6 +11,12 @@ simulated HyperPod carries out the reboots and replacements its health label ask
 `--remediate` the controller sets it), so the remediation lifecycle reaches its end; the demo
 prints the node names and two ready-made commands that restart it with a fault, and a line for
 each alert that starts firing.
+
+The ClusterQueues list the `topowatch-node-health` AdmissionCheck and the cluster service runs
+its controller in enforce mode (the demo's choice; the product's default is observe): a
+workload whose quota Kueue reserves on a node with a published finding gets Retry, Kueue
+evicts and requeues it, and the demo prints `admission steered NS/NAME away from node ...`
+(and where it lands). `admission_check=False` (`--no-admission-check`) turns it off.
 """
 
 from __future__ import annotations
@@ -19,15 +25,17 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shlex
 import shutil
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from exporter.cluster.admission.settings import AdmissionSettings
 from exporter.cluster.run import controller_from_mapping, kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService
 from exporter.cluster.views.workloads import status_of
@@ -40,6 +48,9 @@ from exporter.sim.demo_prometheus import (
 from exporter.sim.environment import HyperPodRepair, NodeAgentFleet, SimulatedEnvironment
 from exporter.sim.faults import Fault
 from exporter.sim.hyperpod_layout import SimNode
+from exporter.sim.kueue import checks as kc
+from exporter.sim.kueue.checks import AdmissionChecks
+from exporter.sim.kueue.decisions import DecisionLog
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +120,20 @@ def fault_commands(
     return commands
 
 
+def steer_command(
+    cli: Sequence[str], args: Sequence[str], nodes: Sequence[SimNode], busy: Sequence[str] = ()
+) -> str | None:
+    """A command that restarts the demo with XID 79 on GPU 3 of an idle node (one without
+    running work, where Kueue places the next workloads) and remediation observing: the node
+    keeps its finding and stays schedulable, so the admission check answers Retry for each
+    workload Kueue places there, and it lands elsewhere."""
+    idle = [n.name for n in nodes if n.name not in busy]
+    if not idle:
+        return None
+    line = [*cli, *args, "--fault", f"node={idle[0]}:xid=79@gpu3"]
+    return " ".join(shlex.quote(part) for part in line)
+
+
 def node_summary(nodes: Sequence[SimNode], per_type: int = 3) -> list[str]:
     """The node names by instance type: the first few of each, and how many there are."""
     by_type: dict[str, list[str]] = {}
@@ -146,6 +171,42 @@ def example_workload(service: ClusterService) -> str | None:
     return None
 
 
+class SteeringLog:
+    """A line for each workload the admission check steers: Kueue evicted it on the check's
+    Retry (`admission steered NS/NAME away from node X: XID 79 on GPU 3 since ...`), and one
+    when it is admitted again (`NS/NAME admitted after the check's Retry: ...`). Runs as a hook
+    after each simulation step (`SimulatedEnvironment.after_step`), reading the decision log."""
+
+    _HELD = re.compile(r'"[^"]*" \((.*)\)$')
+
+    def __init__(
+        self, log: DecisionLog, out: TextIO, nodes_of: Callable[[str], list[str]] | None = None
+    ) -> None:
+        self.log = log
+        self.out = out
+        self.nodes_of = nodes_of  # workload key -> the nodes it was placed on
+        self.seen = len(log.decisions)
+        self.steered: set[str] = set()
+
+    def __call__(self) -> None:
+        new = self.log.decisions[self.seen :]
+        self.seen += len(new)
+        for d in new:
+            if d.kind == "evicted" and d.cause == kc.CAUSE:
+                found = self._HELD.search(d.message)
+                why = found.group(1) if found else d.message
+                print(f"admission steered {d.workload} away from {why}", file=self.out)
+                self.steered.add(d.workload)
+            elif d.kind == "admitted" and d.workload in self.steered:
+                self.steered.discard(d.workload)
+                nodes = self.nodes_of(d.workload) if self.nodes_of is not None else []
+                where = ", ".join(nodes or d.domains or (d.flavor,))
+                print(f"  {d.workload} admitted after the check's Retry, on {where}", file=self.out)
+            else:
+                continue
+            self.out.flush()
+
+
 def run_demo(
     host: str,
     port: int,
@@ -161,6 +222,7 @@ def run_demo(
     repair: HyperPodRepair | None = None,
     argv: Sequence[str] | None = None,
     until: threading.Event | None = None,
+    admission_check: bool = True,
 ) -> int:
     """`remediate` lets the controller act (HyperPod labels on the simulated nodes); without
     it the controller only decides and audits, as `topowatch cluster` does by default.
@@ -168,10 +230,16 @@ def run_demo(
     rules, for the dashboards. `history_s`: how long the cluster has run when serving starts;
     `repair`: how the simulated HyperPod carries out its label (default `HyperPodRepair()`).
     `argv`: this process's arguments, which the printed restart commands keep; `until`: set,
-    it stops the demo as --duration would (tests)."""
+    it stops the demo as --duration would (tests). `admission_check`: the ClusterQueues list
+    the node-health AdmissionCheck and the service's controller enforces it."""
     env = SimulatedEnvironment(
-        seed=seed, repair=repair or HyperPodRepair(), history_s=history_s
+        seed=seed,
+        repair=repair or HyperPodRepair(),
+        history_s=history_s,
+        admission_checks=AdmissionChecks() if admission_check else None,
     ).start()
+    if admission_check:
+        env.after_step.append(SteeringLog(env.cluster.decisions, out, env.cluster.placement))
     fleet = None
     try:
         if with_agents:
@@ -214,6 +282,12 @@ def run_demo(
         )
         mode = "act (HyperPod labels)" if remediate else "observe (--remediate to act)"
         print(f"  remediation:      {mode}, {base}/api/v1/remediation", file=out)
+        if admission_check:
+            print(
+                f"  admission check:  {kc.NODE_HEALTH_CHECK}, enforce"
+                f" (--no-admission-check: off), {base}/api/v1/admission",
+                file=out,
+            )
         for i, line in enumerate(node_summary(nodes)):
             print(f"  {'nodes:' if i == 0 else '':18}{line}", file=out)
         if fleet is not None and fleet.agents:
@@ -261,6 +335,14 @@ def run_demo(
                 )
                 for line in lines:
                     print(f"    {line}", file=out)
+            steer = steer_command(cli, args, env.cluster.nodes(), busy_nodes(service))
+            if steer and admission_check:
+                print(
+                    "  or on an idle node, remediation observing (the admission check steers"
+                    " new work away from it):",
+                    file=out,
+                )
+                print(f"    {steer}", file=out)
         print("Ctrl-C stops everything.", file=out)
         out.flush()
 
@@ -269,7 +351,16 @@ def run_demo(
         {"mode": "act" if remediate else "observe", "providers": ["hyperpod"]}, client
     )
     try:
-        serve_cluster(client, host, port, on_started=started, stop=stop, controller=controller)
+        admission = AdmissionSettings(enabled=True, mode="enforce") if admission_check else None
+        serve_cluster(
+            client,
+            host,
+            port,
+            on_started=started,
+            stop=stop,
+            controller=controller,
+            admission=admission,
+        )
     finally:
         for summary in alerts:
             summary.stop(timeout=0.2)

@@ -302,6 +302,9 @@ class SimulatedEnvironment:
         while t < end:
             t = min(end, t + self.history_step_s)
             self.cluster.step(t)
+            # No check controller watches the past: the simulation answers its checks as one
+            # would (`SimulatedCluster.stand_in_checks`), or nothing would have run.
+            self.cluster.stand_in_checks()
 
     def follow_health_labels(self) -> None:
         """HyperPod reads its health label on every Node: one another writer set to ask for a

@@ -121,6 +121,8 @@ def test_the_demo_prints_nodes_and_commands_and_serves_history_at_once() -> None
             preemptions = json.loads(response.read())
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/goodput") as response:
             goodput = json.loads(response.read())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/admission") as response:
+            admission = json.loads(response.read())
     finally:
         until.set()
         thread.join(30)
@@ -139,8 +141,15 @@ def test_the_demo_prints_nodes_and_commands_and_serves_history_at_once() -> None
     cli = shlex.join(cli_command())
     (explain,) = re.findall(r"  try: +(.*)", printed)
     assert explain.startswith(f"{cli} explain --server http://127.0.0.1:{port} ")
-    faults = re.findall(r"^    (.*--fault .*)$", printed, re.M)
+    faults = re.findall(r"^    (.*--remediate --fault .*)$", printed, re.M)
     assert len(faults) == 2
+    # the admission check: listed by the simulated ClusterQueues, enforced by the service, and
+    # a third command that faults an idle node with remediation observing, to see it steer
+    assert "admission check:  topowatch-node-health, enforce" in printed
+    assert (admission["enabled"], admission["mode"]) == (True, "enforce")
+    [steer] = re.findall(r"^    (.*--fault .*)$", printed.split("admission check steers")[1], re.M)
+    steer_words = shlex.split(steer)
+    assert "--remediate" not in steer_words and steer_words[len(cli_command()) :][:-2] == args
     nodes = set()
     for line in faults:
         words = shlex.split(line)
@@ -150,3 +159,4 @@ def test_the_demo_prints_nodes_and_commands_and_serves_history_at_once() -> None
         assert fault.node is not None and fault.node.startswith("hyperpod-i-")
         nodes.add(fault.node)
     assert len(nodes) == 2
+    assert parse_fault(steer_words[-1]).node not in nodes  # idle, not the busy ones

@@ -405,8 +405,8 @@ def test_the_service_agrees_with_the_oracle_on_a_short_run() -> None:
     order, a service restart, elastic jobs. Any disagreement outside the open classes above
     (none are left) fails with its replay line; so does a verdict kind below full agreement."""
     total = ja.Result()
-    for seed in (5, 6):
-        result, _ = ja.run_seed(seed, 350, restart_every=(300.0, 600.0))
+    for seed in (5, 6):  # the cluster these judgments were first gated on: no check, no faults
+        result, _ = ja.run_seed(seed, 350, restart_every=(300.0, 600.0), admission=False)
         total.merge(result)
     assert total.decisions >= 600
     assert total.total["pending cause"] > 0 and total.total["preemption verdict"] > 0
@@ -420,3 +420,30 @@ def test_the_service_agrees_with_the_oracle_on_a_short_run() -> None:
     for judgment, floor in floors.items():
         agreed = total.agree[judgment] / max(1, total.total[judgment])
         assert agreed >= floor, "\n".join([f"{judgment}: {agreed:.3f} < {floor}", *report])
+
+
+def test_the_admission_check_agrees_with_the_oracle_on_every_verdict() -> None:
+    """With the topowatch-node-health check listed and the service's controller enforcing it
+    (node faults on, HyperPod's proactive reboots leaving a warned node schedulable), each
+    verdict the controller writes is logged by the simulation with the truth of that moment:
+    Retry when a node of the workload's assignment carries a published actionable finding
+    (or HyperPod's label, or Ready gone), Ready otherwise. Both verdicts occur, every one
+    agrees (any disagreement fails with its replay line), and a Retry is carried out: Kueue
+    evicts the workload (reason AdmissionCheck)."""
+    result, run = ja.run_seed(7, 10**9, until=90, restart_every=(300.0, 600.0))
+    verdicts = [d for d in run.cluster.decisions.decisions if d.kind == "admission"]
+    states = Counter((d.cause, d.verdict) for d in verdicts)
+    assert states[("Ready", "Ready")] > 0 and states[("Retry", "Retry")] > 0, states
+    assert result.total["admission"] == len(verdicts)
+    assert all(d.detail for d in verdicts)
+    retried = [d for d in verdicts if d.verdict == "Retry"]
+    assert all(d.domains and d.domains[0] in d.message for d in retried)  # the node it names
+    evicted = {
+        d.workload
+        for d in run.cluster.decisions.decisions
+        if d.kind == "evicted" and d.cause == "admission_check"
+    }
+    assert {d.workload for d in retried} & evicted
+    wrong = [d for d in result.disagreements if d.judgment == "admission"]
+    if wrong:
+        pytest.fail("\n".join([*ja.summary(result), ""] + [d.line() for d in wrong]), pytrace=False)

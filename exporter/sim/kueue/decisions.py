@@ -36,7 +36,9 @@ class Decision:
     seed: int
     step: int
     time: float
-    kind: str  # admitted | pending | preempted | reserved | evicted | deactivated
+    # admitted | pending | preempted | reserved | evicted | deactivated | admission (a check
+    # controller's verdict: `cause` the truth, Ready or Retry; `verdict` what it wrote)
+    kind: str
     workload: str  # namespace/name
     uid: str
     cluster_queue: str
@@ -51,6 +53,7 @@ class Decision:
     preemptor: str = ""  # preempted: the preemptor's namespace/name
     preemptor_uid: str = ""
     reason: str = ""  # preempted: InClusterQueue | InCohortReclamation | ...
+    verdict: str = ""  # admission: the state the check's controller wrote
 
     def replay(self) -> str:
         return f"--seed {self.seed} --until {self.step}"
