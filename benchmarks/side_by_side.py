@@ -13,16 +13,22 @@ The driver uses only what both trees have (`benchmarks/cluster_model.py`'s synth
 both sides do the same work.
 
     .venv/bin/python benchmarks/side_by_side.py [--base c611831] [--rounds 3] [--nodes 2000]
+    .venv/bin/python benchmarks/side_by_side.py --instructions --events 3000   # valgrind
+
+With --instructions the loop runs under valgrind's callgrind and the figure is instructions per
+event, which the neighbours' load does not move (the CPU clock still moves by 20-30 % here).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,12 +73,89 @@ def run(tree: Path, nodes: int, events: int) -> dict[str, float]:
     return result
 
 
+# The same event loop, counted in instructions under valgrind's callgrind (--instructions): the
+# driver signals through files when the model is built and when the loop is done, and the
+# parent turns callgrind's instrumentation on and off around the loop with callgrind_control.
+# An instruction count does not move with the neighbours' load, so one round says it all.
+COUNT_DRIVER = r"""
+import gc, importlib.util, json, os, sys, time
+sys.path.insert(0, ".")
+spec = importlib.util.spec_from_file_location("cm", "benchmarks/cluster_model.py")
+cm = importlib.util.module_from_spec(spec); spec.loader.exec_module(cm)
+nodes, events, signal = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+shape = cm.SyntheticShape(nodes=nodes, workloads=nodes * 5, pods=nodes * 25)
+objects = cm.build(shape)
+model, _ = cm.sync(objects)
+stream = cm.event_stream(objects, events)
+gc.collect(); gc.freeze()
+open(signal + ".ready", "w").close()
+while not os.path.exists(signal + ".go"):
+    time.sleep(0.2)
+for kind, event_type, obj in stream:
+    model.apply(kind, event_type, obj, cm.NOW)
+open(signal + ".done", "w").close()
+while not os.path.exists(signal + ".stop"):
+    time.sleep(0.2)
+"""
+
+
+def count(tree: Path, nodes: int, events: int, work: Path) -> float:
+    """Instructions per event of the driver's event loop in `tree` (valgrind's callgrind)."""
+    signal, out = work / f"signal-{tree.name}", work / f"callgrind-{tree.name}.out"
+    proc = subprocess.Popen(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            "-c",
+            COUNT_DRIVER,
+            str(nodes),
+            str(events),
+            str(signal),
+        ],
+        cwd=tree,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def wait_for(suffix: str) -> None:
+        while not Path(str(signal) + suffix).exists():
+            if proc.poll() is not None:
+                raise SystemExit(f"the counting driver stopped early in {tree}")
+            time.sleep(0.2)
+
+    def control(state: str) -> None:
+        subprocess.run(
+            ["callgrind_control", "-i", state, str(proc.pid)], check=True, capture_output=True
+        )
+
+    wait_for(".ready")
+    control("on")
+    Path(str(signal) + ".go").touch()
+    wait_for(".done")
+    control("off")
+    Path(str(signal) + ".stop").touch()
+    proc.wait()
+    for line in out.read_text().splitlines():
+        if line.startswith("totals:"):  # the whole run's ("summary:" is the last dump's)
+            return int(line.split()[1]) / events
+    raise SystemExit(f"no instruction total in {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="c611831", help="the commit to compare with")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--events", type=int, default=60_000)
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per event under valgrind's callgrind instead (one round, "
+        "--events 3000 is plenty; needs valgrind)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="topowatch-base-") as tmp:
         base = Path(tmp) / "tree"
@@ -83,6 +166,17 @@ def main() -> None:
             capture_output=True,
         )
         try:
+            if args.instructions:
+                if shutil.which("valgrind") is None:
+                    raise SystemExit("--instructions needs valgrind (callgrind) on PATH")
+                old_count = count(base, args.nodes, args.events, Path(tmp))
+                new_count = count(ROOT, args.nodes, args.events, Path(tmp))
+                print(
+                    f"at {args.nodes:,} nodes, {args.events:,} events: {old_count:,.0f} "
+                    f"instructions per event at {args.base}, {new_count:,.0f} in this tree: "
+                    f"events/s {old_count / new_count:.2f}x of {args.base} (target >= 1.0x)"
+                )
+                return
             ratios, render_ratios = [], []
             for i in range(args.rounds):
                 old = run(base, args.nodes, args.events)
