@@ -897,8 +897,14 @@ class ClusterModel:
         lq = self.local_queues.get((workload.namespace, workload.queue_name))
         return lq.cluster_queue if lq is not None else ""
 
-    def quota_tree(self, at: float | None = None, exclude: Iterable[WorkloadKey] = ()) -> QuotaTree:
-        """Kueue's cohort forest with the quota held now, or at a past moment `at`.
+    def quota_tree(
+        self,
+        at: float | None = None,
+        exclude: Iterable[WorkloadKey] = (),
+        written_before: int | None = None,
+    ) -> QuotaTree:
+        """Kueue's cohort forest with the quota held now, or at a past moment `at`
+        (`written_before`: see `ReservationBook.held_at`).
 
         Now: the model's own accounting of reservations, raised to a ClusterQueue status that
         says more (its workloads may not all be listed yet). At a past moment: the accounting
@@ -915,7 +921,7 @@ class ClusterModel:
                     key = (flavor, resource)
                     held[key] = max(held.get(key, 0), total)
         else:
-            usage = self.reservations.usage_at(at, exclude)
+            usage = self.reservations.usage_at(at, exclude, written_before)
         tree = QuotaTree.build(
             self.cluster_queues.values(),
             self.cohort_specs.values(),

@@ -74,6 +74,7 @@ from exporter.cluster.objects import (
     Workload,
 )
 from exporter.cluster.parse.kueue import parse_preemption_message, reason_for_cause
+from exporter.cluster.reservations import ReservationBook
 from exporter.topology.labels import HOSTNAME_KEY
 from exporter.topology.tree import Placement, TopologyTree, level_of_label_key
 
@@ -141,7 +142,10 @@ class ClusterView(Protocol):
     def workload_groups(self, workload: Workload) -> list[object]: ...
 
     def quota_tree(
-        self, at: float | None = None, exclude: Iterable[WorkloadKey] = ()
+        self,
+        at: float | None = None,
+        exclude: Iterable[WorkloadKey] = (),
+        written_before: int | None = None,
     ) -> QuotaTree: ...
 
     def quota_for(self, workload: Workload, tree: QuotaTree) -> tuple[str, Answer | None]: ...
@@ -159,6 +163,11 @@ class ClusterView(Protocol):
         ...
 
     def node_requested(self, node: str) -> Mapping[str, int]: ...
+
+    @property
+    def reservations(self) -> ReservationBook:
+        """Who held quota when, each with its Workload as last seen holding it."""
+        ...
 
 
 class PreemptionJudge:
@@ -525,7 +534,24 @@ class PreemptionJudge:
             )
         if preemptor is None:
             return "unknown", "the preemptor is not known to topowatch", none
-        tree = cluster.quota_tree(at=time, exclude=(preemptor.key,))
+        victims = [victim] if victim is not None else []
+        for earlier in self.ledger.caused_by(preemptor.uid):
+            if abs(earlier.time - time) <= 10.0 and earlier.victim_name != (
+                victim.name if victim else ""
+            ):
+                state = cluster.workloads.get((earlier.victim_namespace, earlier.victim_name))
+                if state is not None:
+                    victims.append(state.workload)
+        # What was released in the same second but written before the first victim's eviction
+        # was gone when Kueue decided (`ReservationBook.held_at`). Kueue marks a victim
+        # evicted before it gives its quota back: a victim still holding has every release
+        # that arrived so far before it.
+        book = cluster.reservations
+        seqs = [book.release_seq(v.key, time) for v in victims]
+        written_before = min((n for n in seqs if n is not None), default=None)
+        if written_before is None and victims:
+            written_before = book.next_seq
+        tree = cluster.quota_tree(at=time, exclude=(preemptor.key,), written_before=written_before)
         flavor, quota = cluster.quota_for(preemptor, tree)
         assignment = cluster.assignment(preemptor, tree)
         tas = tas_pod_sets(preemptor, assignment, flavor, cluster.replaced_slice(preemptor))
@@ -536,15 +562,7 @@ class PreemptionJudge:
         if tas and not quota_fits:
             level = ""  # TAS is asked for, but Kueue never tried it: quota was short
         if tas and quota is not None and quota_fits:
-            victims = [victim] if victim is not None else []
-            for earlier in self.ledger.caused_by(preemptor.uid):
-                if abs(earlier.time - time) <= 10.0 and earlier.victim_name != (
-                    victim.name if victim else ""
-                ):
-                    state = cluster.workloads.get((earlier.victim_namespace, earlier.victim_name))
-                    if state is not None:
-                        victims.append(state.workload)
-            capacity = self._capacity_before(preemptor, victims, time)
+            capacity = self._capacity_before(preemptor, victims, time, written_before)
             level, fitted, placed = self._tas(tas, capacity)
         verdict, detail = analysis.preemption_verdict(
             preemptor.gpus_requested, level, quota, fitted, assignment, placed
@@ -556,7 +574,11 @@ class PreemptionJudge:
         return verdict, detail, short
 
     def _capacity_before(
-        self, preemptor: Workload, victims: list[Workload], time: float | None = None
+        self,
+        preemptor: Workload,
+        victims: list[Workload],
+        time: float | None = None,
+        written_before: int | None = None,
     ) -> FreeCapacity:
         """Free capacity per node as Kueue saw it when it chose to preempt: victims' pods
         already deleted still held their GPUs (and every other resource) then, the
@@ -569,19 +591,21 @@ class PreemptionJudge:
         cluster = self._cluster
         delta_by_node: Counter[str] = Counter()
         other: dict[str, Counter[str]] = {}
-        if time is not None:
-            skip = {preemptor.key, *(v.key for v in victims)}  # victims: their pods, below
-            for node, gpus, requests in _unbound_assignments(cluster, skip, time):
-                delta_by_node[node] -= gpus
-                _add_requests(other, node, requests, -1, count=0)
+        released: dict[WorkloadKey, set[_Release]] = {}
         for victim in victims:
-            seen: set[_Release] = set()
+            seen = released.setdefault(victim.key, set())
             for group in cluster.workload_groups(victim):
                 for release in self._released.get(group, ()):
                     if release not in seen:
                         seen.add(release)
                         delta_by_node[release[0]] -= release[1]
                         _add_requests(other, release[0], release[3], -1)
+        if time is not None:
+            for node, gpus, requests in _unbound_assignments(
+                cluster, {preemptor.key}, time, released, written_before
+            ):
+                delta_by_node[node] -= gpus
+                _add_requests(other, node, requests, -1, count=0)
         for pod in cluster.pods_of(preemptor):
             if pod.bound:
                 delta_by_node[pod.node] += pod.gpus
@@ -670,21 +694,32 @@ def _add_requests(
 
 
 def _unbound_assignments(
-    cluster: ClusterView, skip: set[WorkloadKey], time: float
+    cluster: ClusterView,
+    skip: set[WorkloadKey],
+    time: float,
+    released: Mapping[WorkloadKey, Iterable[_Release]],
+    written_before: int | None = None,
 ) -> list[tuple[str, int, Resources]]:
     """What workloads holding a topology assignment at `time` (quota reserved then, those in
-    `skip` aside) hold on each node beyond what their bound pods request there: their pods
-    not created or not bound yet. Per node: (node, GPUs, every resource and `pods`)."""
+    `skip` aside) hold on each node beyond what their pods request there: their pods not
+    created or not bound yet (the Workload waits for an AdmissionCheck, or its pods are gated
+    or pending), counted from the assignment as the Workload showed it while it held quota
+    (Kueue clears status.admission on eviction: a victim's comes from the reservation book).
+    Per node: (node, GPUs, every resource and `pods`).
+
+    Kueue's rule: the TAS cache counts a workload's usage from its TopologyAssignment from the
+    moment it holds quota in the cache, bound pods or not (pkg/cache/scheduler
+    tas_flavor_snapshot.go `addUsage` per assigned domain, fed from each cached workload's
+    podSetAssignments[].topologyAssignment), and counts pods only for non-TAS usage
+    (tas_non_tas_pod_cache.go skips the pods of TAS workloads), so the same resources are never
+    counted twice. The model's tree counts bound pods, so what is added here is the
+    assignment minus the workload's pods bound now (counted by the tree) and minus its pods
+    released since (`released`, the victims' pods the caller already counts back)."""
     out: list[tuple[str, int, Resources]] = []
     by_hostname: dict[str, str] | None = None
-    for state in cluster.workloads.values():
-        workload = state.workload
-        if workload.key in skip or not workload.placements:
-            continue
-        reserved = workload.condition("QuotaReserved")
-        if reserved is None or reserved.status != "True" or workload.is_true("Finished"):
-            continue
-        if reserved.last_transition is not None and reserved.last_transition > time:
+    for reservation in cluster.reservations.held_at(time, skip, written_before):
+        workload = reservation.workload
+        if workload is None or not workload.placements:
             continue
         expected: dict[str, Counter[str]] = {}
         per_pod = {p.name: p.per_pod for p in workload.pod_sets}
@@ -708,6 +743,12 @@ def _unbound_assignments(
                     into[name] += amount * domain.count
         if not expected:
             continue
+        for node_name, _gpus, _when, requests, _key in released.get(workload.key, ()):
+            if node_name in expected:
+                into = expected[node_name]
+                into[PODS_RESOURCE] -= 1
+                for name, amount in requests:
+                    into[name] -= amount
         for pod in cluster.pods_of(workload):
             if pod.bound and pod.node in expected:
                 into = expected[pod.node]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from exporter.cluster.objects import PODS_RESOURCE, Workload
 
@@ -34,6 +34,13 @@ class Reservation:
     usage: tuple[tuple[FlavorResource, int], ...]
     since: float | None  # None when the condition carried no time: held since before we know
     until: float | None = None
+    # The Workload as last seen holding it: its topology assignment (status.admission's
+    # podSetAssignments, cleared by Kueue on eviction) and pod sets, for TAS usage at a past
+    # moment. Not part of the reservation's identity.
+    workload: Workload | None = field(default=None, compare=False)
+    # The order its release arrived in (1, 2, ...; 0 while held): the Workload watch keeps the
+    # order of writes, so of two releases in the same second the lower was written first.
+    seq: int = field(default=0, compare=False)
 
     def holds_at(self, time: float) -> bool:
         """Held at `time`: reserved at or before it and not released before it. A workload
@@ -97,6 +104,7 @@ class ReservationBook:
         self._held: dict[WorkloadKey, Reservation] = {}
         self._released: deque[tuple[float, WorkloadKey, Reservation]] = deque()
         self.epoch = 0  # moves whenever current usage may have changed
+        self._seq = 0  # releases so far
 
     def observe(self, workload: Workload, now: float) -> None:
         """A Workload as it is now: start, keep, or end its reservation."""
@@ -106,12 +114,12 @@ class ReservationBook:
             cond = workload.condition("QuotaReserved")
             since = cond.last_transition if cond is not None else None
             usage = reserved_usage(workload)
-            fresh = Reservation(workload.cluster_queue, usage, since)
+            fresh = Reservation(workload.cluster_queue, usage, since, workload=workload)
             if current != fresh:
                 if current is not None and current.since != since:
                     self._release(key, current, since if since is not None else now)
-                self._held[key] = fresh
                 self.epoch += 1
+            self._held[key] = fresh  # the latest object, its assignment with it
         elif current is not None:
             self._release(key, current, _release_time(workload, now))
         self._expire(now)
@@ -128,7 +136,15 @@ class ReservationBook:
         since = reservation.since
         if since is not None and until < since:
             until = since
-        ended = Reservation(reservation.cluster_queue, reservation.usage, since, until)
+        self._seq += 1
+        ended = Reservation(
+            reservation.cluster_queue,
+            reservation.usage,
+            since,
+            until,
+            reservation.workload,
+            self._seq,
+        )
         self._released.append((until, key, ended))
         self.epoch += 1
 
@@ -141,14 +157,45 @@ class ReservationBook:
         return _sum(self._held.values())
 
     def usage_at(
-        self, time: float, exclude: Iterable[WorkloadKey] = ()
+        self, time: float, exclude: Iterable[WorkloadKey] = (), written_before: int | None = None
     ) -> dict[str, dict[FlavorResource, int]]:
         """Quota held at `time`, leaving out `exclude` (the preemptor being judged: it reserves
-        in the same second its victims release, and its reservation is the consequence)."""
+        in the same second its victims release, and its reservation is the consequence) and
+        what `held_at` leaves out for `written_before`."""
+        return _sum(self.held_at(time, exclude, written_before))
+
+    def held_at(
+        self, time: float, exclude: Iterable[WorkloadKey] = (), written_before: int | None = None
+    ) -> list[Reservation]:
+        """The reservations held at `time` (current and released since), `exclude` aside.
+
+        `written_before`: the release order of a preemption's first victim (`release_seq`).
+        A reservation released in the same second as the preemption but written before that
+        victim's eviction (a workload that finished, or that an AdmissionCheck's Retry
+        evicted, ahead of the scheduling cycle) was gone when Kueue decided: Kueue writes the
+        cycle's evictions after the Workload updates that came before the cycle, and one
+        Workload watch keeps that order."""
         skip = set(exclude)
         held = [r for k, r in self._held.items() if k not in skip and r.holds_at(time)]
-        held += [r for _, k, r in self._released if k not in skip and r.holds_at(time)]
-        return _sum(held)
+        for _, k, r in self._released:
+            if k in skip or not r.holds_at(time):
+                continue
+            if written_before is not None and r.until == time and r.seq < written_before:
+                continue
+            held.append(r)
+        return held
+
+    @property
+    def next_seq(self) -> int:
+        """The order the next release will have."""
+        return self._seq + 1
+
+    def release_seq(self, key: WorkloadKey, time: float) -> int | None:
+        """The release order of `key`'s reservation released at `time`, if one arrived."""
+        for _, k, r in reversed(self._released):
+            if k == key and r.until == time:
+                return r.seq
+        return None
 
 
 def _sum(reservations: Iterable[Reservation]) -> dict[str, dict[FlavorResource, int]]:

@@ -1556,8 +1556,72 @@ def same_cycle_story() -> Story:
     return replace(story, objects=(*objects, history))
 
 
+def unbound_victim_story() -> Story:
+    """a's `gated` (8 GPUs) holds quota and a TopologyAssignment on n1 but no pod yet: its
+    AdmissionCheck is not Ready, so its pods are not created (QuotaReserved True, Admitted
+    not yet). z fills n2-n4. `claim` (8 GPUs) has the quota but no node has 8 free: Kueue's
+    TAS counts `gated`'s assignment on n1 (tas_flavor_snapshot.go addUsage from each cached
+    workload's topologyAssignment, pods or not), so it preempts `gated`: topology. Kueue then
+    gives the quota back and clears status.admission; topowatch, which saw no pod on n1,
+    said "TAS places it on n1" (unknown) before the assignment was remembered from the
+    reservation book."""
+    pending, placed = _claim(
+        _topology_message(1) + ". Pending the preemption of 1 workload(s)", ["n1"]
+    )
+    reserved = [c for c in s.admitted_conditions("a-cq", T - 20) if c["type"] == "QuotaReserved"]
+    gated = workload(
+        "a",
+        "gated",
+        1,
+        {GPU: "8"},
+        admitted_on=["n1"],
+        priority=10,
+        created=T - 60,
+        conditions=reserved,
+    )
+    story = _story(
+        "unbound-victim",
+        [p5_queue("a", gpu="32"), p5_queue("z")],
+        "",
+        [(gated, [])],
+        pending,
+        placed,
+        ["n1"],
+        "InClusterQueue",
+        "prioritization in the ClusterQueue",
+        "topology",
+        IMPLIED_PHRASES,
+        extra=(
+            Delivery("ResourceFlavor", "ADDED", flavor(P5), "flavor"),
+            *_running("z", "z-busy", ["n2", "n3", "n4"]),
+        ),
+    )
+    histories = []
+    for h in story.objects:
+        if h.versions[0].label == "victim":
+            evicted = h.versions[-1].obj
+            released = copy.deepcopy(evicted)
+            released["metadata"]["resourceVersion"] = "3"
+            del released["status"]["admission"]
+            conditions = released["status"]["conditions"]
+            for c in conditions:
+                if c["type"] == "QuotaReserved":
+                    c.update(status="False", reason="Preempted", message="Preempted")
+                    c["lastTransitionTime"] = evicted["status"]["conditions"][-1][
+                        "lastTransitionTime"
+                    ]
+            h = History(
+                (*h.versions, Delivery("Workload", "MODIFIED", kueue(released), "released")),
+                h.prior,
+            )
+        elif h.versions[0].label == "preemptor":
+            h = History(h.versions, prior=1)  # waiting before the cycle, as in same-cycle
+        histories.append(h)
+    return replace(story, objects=tuple(histories))
+
+
 # The order Kueue writes Workloads in one cycle, which one Workload watch keeps.
-_WRITES = {"early-admitted": 0, "evicted": 1, "preemptor": 2, "admitted": 3}
+_WRITES = {"early-admitted": 0, "evicted": 1, "released": 2, "preemptor": 3, "admitted": 4}
 
 
 def watch_order(story: Story, rng: random.Random) -> list[Delivery]:
@@ -1571,7 +1635,11 @@ def watch_order(story: Story, rng: random.Random) -> list[Delivery]:
     return [*story.cluster, *interleave(rng, before), *interleave(rng, [workloads, *others])]
 
 
-TOPOLOGY_STORIES = {"implied": implied_story, "same-cycle": same_cycle_story}
+TOPOLOGY_STORIES = {
+    "implied": implied_story,
+    "same-cycle": same_cycle_story,
+    "unbound-victim": unbound_victim_story,
+}
 
 
 @pytest.mark.parametrize("name", sorted(TOPOLOGY_STORIES))
