@@ -284,13 +284,13 @@ class ClusterModel:
         """One watch event. Unknown kinds and malformed objects are counted, never raised."""
         if self.watch_start is None:
             self.watch_start = now
-        if self.caught_up(now):
+        if self._caught_up_at is not None or self.caught_up(now):
             self._judge.judge_deferred(now)
         handler = self._handlers.get(kind)
         if handler is None:
             self._problem(kind, "unknown_kind", f"ignored an object of unknown kind {kind!r}")
             return
-        if not isinstance(obj, Mapping):
+        if type(obj) is not dict and not isinstance(obj, Mapping):
             self._problem(kind, "malformed", f"{kind} event carried no object")
             return
         key = _object_key(obj)
@@ -442,26 +442,24 @@ class ClusterModel:
     def _apply_pod(self, event_type: str, obj: Mapping[str, Any], now: float) -> None:
         key = (_namespace(obj), _name(obj))
         old = self.pods.pop(key, None)
+        pod = parse_pod(obj) if event_type != "DELETED" else None
         # nodes whose idle GPUs changed: told once, after both moves
         left = joined = ""
-        if old is not None:
-            if old.holds_gpus:
+        if old is not None and old.bound:
+            if old.gpus > 0:  # holds_gpus
                 self.tree.add_used(old.node, -old.gpus)
                 left = old.node
-            if old.bound:
-                self._use_node(old, -1)
-            self._ungroup(old)
-        pod = parse_pod(obj) if event_type != "DELETED" else None
+            self._use_node(old, -1)
         if pod is not None:
             self.pods[key] = pod
-            if pod.holds_gpus:
-                self.tree.add_used(pod.node, pod.gpus)
-                joined = pod.node
             if pod.bound:
+                if pod.gpus > 0:
+                    self.tree.add_used(pod.node, pod.gpus)
+                    joined = pod.node
                 self._use_node(pod, 1)
-            self._group(pod)
         elif old is not None and old.bound:  # any resource it held, GPUs or not
             self._judge.pod_released(old, now)
+        self._regroup(old, pod)
         if left:
             self._idle_used(left, now)
         if joined and joined != left:
@@ -820,6 +818,25 @@ class ClusterModel:
         if pod.job_uid and pod.job_uid != pod.owner_uid:
             groups.append(pod.job_uid)
         return groups
+
+    def _regroup(self, old: Pod | None, new: Pod | None) -> None:
+        """`old` (the pod as last seen) leaves its groups and `new` joins its own; a pod that
+        stays in the same groups (most events) only moves their epochs."""
+        if (
+            old is not None
+            and new is not None
+            and old.workload == new.workload
+            and old.owner_uid == new.owner_uid
+            and old.job_uid == new.job_uid
+        ):
+            epoch = self._group_epoch
+            for group in self.pod_groups(new):
+                epoch[group] += 1
+            return
+        if old is not None:
+            self._ungroup(old)
+        if new is not None:
+            self._group(new)
 
     def _group(self, pod: Pod) -> None:
         for group in self.pod_groups(pod):
@@ -1262,9 +1279,11 @@ def is_pending(workload: Workload) -> bool:
     return not workload.is_true("QuotaReserved") and not workload.is_true("Finished")
 
 
+# These run for every event: `type(x) is dict` first, since isinstance against the Mapping ABC
+# costs a Python-level __instancecheck__ call each time.
 def _object_key(obj: Mapping[str, Any]) -> Any:
     meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
+    if type(meta) is not dict and not isinstance(meta, Mapping):
         return None
     name = meta.get("name")
     if not isinstance(name, str) or not name:
@@ -1275,19 +1294,19 @@ def _object_key(obj: Mapping[str, Any]) -> Any:
 
 def _resource_version(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
-    rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    rv = meta.get("resourceVersion") if type(meta) is dict or isinstance(meta, Mapping) else None
     return rv if isinstance(rv, str) else ""
 
 
 def _name(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
-    name = meta.get("name", "") if isinstance(meta, Mapping) else ""
+    name = meta.get("name", "") if type(meta) is dict or isinstance(meta, Mapping) else ""
     return name if isinstance(name, str) else ""
 
 
 def _namespace(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
-    ns = meta.get("namespace", "") if isinstance(meta, Mapping) else ""
+    ns = meta.get("namespace", "") if type(meta) is dict or isinstance(meta, Mapping) else ""
     return ns if isinstance(ns, str) else ""
 
 

@@ -86,20 +86,22 @@ class Placement:
 
     @classmethod
     def from_labels(cls, labels: Mapping[str, str]) -> Placement:
-        if not isinstance(labels, Mapping):
+        if type(labels) is not dict and not isinstance(labels, Mapping):
             labels = {}
-        layers = tuple(_label(labels, key) for key in LAYER_KEYS)
+        get = labels.get  # `_label` where the value is not a plain str: this runs per Node event
+        layers = tuple([v if type(v := get(k)) is str else _label(labels, k) for k in LAYER_KEYS])
         depth = len(layers)
         while depth and not layers[depth - 1]:
             depth -= 1
         return cls(
-            region=_label(labels, REGION_KEY),
-            zone=_label(labels, ZONE_KEY),
-            layers=layers[:depth],
-            ultraserver=_label(labels, ULTRASERVER_KEY),
-            instance_type=_label(labels, INSTANCE_TYPE_KEY)
-            or _label(labels, _LEGACY_INSTANCE_TYPE_KEY),
-            hostname=_label(labels, HOSTNAME_KEY),
+            v if type(v := get(REGION_KEY)) is str else _label(labels, REGION_KEY),
+            v if type(v := get(ZONE_KEY)) is str else _label(labels, ZONE_KEY),
+            layers[:depth],
+            v if type(v := get(ULTRASERVER_KEY)) is str else _label(labels, ULTRASERVER_KEY),
+            v
+            if type(v := get(INSTANCE_TYPE_KEY)) is str and v
+            else _label(labels, INSTANCE_TYPE_KEY) or _label(labels, _LEGACY_INSTANCE_TYPE_KEY),
+            v if type(v := get(HOSTNAME_KEY)) is str else _label(labels, HOSTNAME_KEY),
         )
 
     def domain_at(self, level: str) -> str | None:

@@ -238,8 +238,12 @@ class TopologyTree:
             self._version += 1
 
     def add_used(self, node: str, delta_gpus: int) -> None:
-        """Pods binding (+) or releasing (-) GPUs on `node`; use never goes below zero."""
-        if isinstance(delta_gpus, bool) or not isinstance(delta_gpus, int):
+        """Pods binding (+) or releasing (-) GPUs on `node`; use never goes below zero.
+
+        This runs twice for every Pod event, so `_free_changed` is written out in the loop."""
+        if type(delta_gpus) is not int and (
+            isinstance(delta_gpus, bool) or not isinstance(delta_gpus, int)
+        ):
             log.warning("node %s: GPU use change %r is not an integer; ignored", node, delta_gpus)
             return
         used = self._used
@@ -260,12 +264,28 @@ class TopologyTree:
         delta_used = new - old
         free = _free_of(record.allocatable, new, record.schedulable, record.available)
         delta_free = free - record.free
+        if not delta_free:
+            for domain in record.path:
+                domain.used += delta_used
+            return
         record.free = free
         for domain in record.path:
             domain.used += delta_used
-            if delta_free:
-                domain.free += delta_free
-                self._free_changed(domain, delta_free)
+            domain.free += delta_free
+            level = domain.level  # _free_changed, written out
+            level.free += delta_free
+            if not level.best_known:
+                continue
+            best = level.best
+            if domain is best:
+                if delta_free < 0:
+                    level.best, level.best_known = None, False
+            elif (
+                best is None
+                or domain.free > best.free
+                or (domain.free == best.free and domain.id < best.id)
+            ):
+                level.best = domain
 
     # -- queries ---------------------------------------------------------------------------
 

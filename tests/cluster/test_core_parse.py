@@ -256,6 +256,97 @@ def test_a_malformed_pod_is_noted_and_logged_never_raised(
     assert "spec.containers: expected a list, got object" in caplog.text
 
 
+def _set(obj: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
+    for step in path[:-1]:
+        obj = obj[step]
+    obj[path[-1]] = value
+
+
+# parse_pod type-tests each field in line and calls the checked helper only when the test
+# fails: each row is one field of the wrong JSON type, the note the helper writes, and the
+# default the Pod then holds (what `text`/`mapping`/`items` promise for any field).
+MISTYPED_POD_FIELDS = [
+    (("metadata", "namespace"), 5, "metadata.namespace: expected a string, got number"),
+    (("metadata", "uid"), [], "metadata.uid: expected a string, got list"),
+    (("spec", "nodeName"), {}, "spec.nodeName: expected a string, got object"),
+    (("status", "phase"), 1.5, "status.phase: expected a string, got number"),
+    (("metadata", "labels"), [], "metadata.labels: expected an object, got list"),
+    (("metadata", "annotations"), "x", "metadata.annotations: expected an object, got string"),
+    (
+        ("metadata", "annotations", "kueue.x-k8s.io/workload"),
+        3,
+        "metadata.annotations: expected a string, got number",
+    ),
+    (
+        ("metadata", "labels", "kueue.x-k8s.io/job-uid"),
+        True,
+        "metadata.labels: expected a string, got boolean",
+    ),
+    (("spec", "schedulingGates"), "gate", "spec.schedulingGates: expected a list, got string"),
+    (("status", "conditions"), 3, "status.conditions: expected a list, got number"),
+    (
+        ("metadata", "ownerReferences"),
+        "job",
+        "metadata.ownerReferences: expected a list, got string",
+    ),
+    (
+        ("metadata", "ownerReferences", 0, "kind"),
+        7,
+        "metadata.ownerReferences[].kind: expected a string, got number",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "note"), MISTYPED_POD_FIELDS)
+def test_each_mistyped_pod_field_is_noted_and_read_as_its_default(
+    path: tuple[Any, ...], value: Any, note: str
+) -> None:
+    good = parse_pod(training_pod(schedulingGates=[{"name": "g"}]))
+    obj = training_pod(schedulingGates=[{"name": "g"}])
+    _set(obj, path, value)
+    problems: list[str] = []
+    pod = parse_pod(obj, problems)
+    assert problems == [note]
+    fields = ("namespace", "uid", "node", "phase", "workload", "job_uid", "queue_name", "owner")
+    changed = {
+        field
+        for field in (*fields, "owner_uid", "gated", "gpus")
+        if getattr(pod, field) != getattr(good, field)
+    }
+    expected = {
+        ("metadata", "namespace"): {"namespace"},
+        ("metadata", "uid"): {"uid"},
+        ("spec", "nodeName"): {"node"},
+        ("status", "phase"): {"phase"},
+        ("metadata", "labels"): {"job_uid", "queue_name"},
+        ("metadata", "annotations"): {"workload"},
+        ("metadata", "annotations", "kueue.x-k8s.io/workload"): {"workload"},
+        ("metadata", "labels", "kueue.x-k8s.io/job-uid"): {"job_uid"},
+        ("spec", "schedulingGates"): {"gated"},
+        ("status", "conditions"): set(),
+        ("metadata", "ownerReferences"): {"owner", "owner_uid"},
+        ("metadata", "ownerReferences", 0, "kind"): {"owner"},
+    }[path]
+    assert changed == expected
+    for field in expected - {"gated", "owner", "owner_uid"}:
+        assert getattr(pod, field) == ""
+
+
+def test_string_subclasses_read_like_strings() -> None:
+    """The in-line test is `type(x) is str`; a str subclass (a YAML loader's, say) still reads
+    through the checked helper, never as absent."""
+
+    class Tagged(str):
+        pass
+
+    obj = training_pod()
+    obj["metadata"]["namespace"] = Tagged("team-a")
+    obj["spec"]["nodeName"] = Tagged("node-1")
+    problems: list[str] = []
+    pod = parse_pod(obj, problems)
+    assert (pod.namespace, pod.node, problems) == ("team-a", "node-1", [])
+
+
 @pytest.mark.parametrize("junk", [None, 7, "pod", [], {}, {"metadata": []}, {"spec": 3}])
 def test_junk_is_an_empty_pod(junk: Any) -> None:
     problems: list[str] = []

@@ -138,11 +138,17 @@ def flag(value: object, path: str, problems: list[str], default: bool) -> bool:
     return default
 
 
+_ONLY_STR: Final = {str}
+
+
 def string_map(value: object, path: str, problems: list[str]) -> dict[str, str]:
     """A labels/annotations/nodeSelector map; entries that are not string to string are dropped."""
     raw = mapping(value, path, problems)
     if not raw:
         return {}
+    # Every key and value a string (nearly always): one type test per side, in C.
+    if {*map(type, raw), *map(type, raw.values())} == _ONLY_STR:
+        return dict(raw)
     result: dict[str, str] = {}
     for key, val in raw.items():
         if type(key) is str and type(val) is str:
@@ -605,20 +611,24 @@ def pod_spec_gpus(spec: Mapping[str, Any], path: str, problems: list[str]) -> in
 
 def controlling_owner(meta: Mapping[str, Any], problems: list[str]) -> tuple[str, str]:
     """("Kind/name", uid) of the controller ownerReference, else of the first one."""
-    refs = items(meta.get("ownerReferences"), "metadata.ownerReferences", problems)
+    refs = (
+        v
+        if type(v := meta.get("ownerReferences")) is list
+        else items(v, "metadata.ownerReferences", problems)
+    )
     if not refs:
         return "", ""
     chosen: Mapping[str, Any] = EMPTY
     for ref in refs:
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
+        if (type(ref) is dict or isinstance(ref, Mapping)) and ref.get("controller") is True:
             chosen = ref
             break
     else:
         chosen = mapping(refs[0], "metadata.ownerReferences[0]", problems)
-    path = "metadata.ownerReferences[]"
-    kind = text(chosen.get("kind"), path + ".kind", problems)
-    name = text(chosen.get("name"), path + ".name", problems)
-    uid = text(chosen.get("uid"), path + ".uid", problems)
+    path = "metadata.ownerReferences[]"  # (type-tested in line: this runs for every Pod event)
+    kind = v if type(v := chosen.get("kind")) is str else text(v, path + ".kind", problems)
+    name = v if type(v := chosen.get("name")) is str else text(v, path + ".name", problems)
+    uid = v if type(v := chosen.get("uid")) is str else text(v, path + ".uid", problems)
     return (f"{kind}/{name}" if kind or name else ""), uid
 
 
@@ -685,23 +695,33 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
     agent (which labels a node before it taints or replaces it).
     """
     notes: list[str] = []
-    try:
+    try:  # (type-tested in line, as `parse_pod` does: this runs for every Node event)
         body, meta = object_parts(obj, notes)
         labels = string_map(meta.get("labels"), "metadata.labels", notes)
-        spec = mapping(body.get("spec"), "spec", notes)
-        status = mapping(body.get("status"), "status", notes)
+        spec = v if type(v := body.get("spec")) is dict else mapping(v, "spec", notes)
+        status = v if type(v := body.get("status")) is dict else mapping(v, "status", notes)
         allocatable = resource_tuple(status.get("allocatable"), "status.allocatable", notes)
         gpus = amount_of(allocatable, GPU_RESOURCE)
         ready = False
         condition_note = ""
-        for cond in items(status.get("conditions"), "status.conditions", notes):
-            if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+        conditions = status.get("conditions")
+        if type(conditions) is not list:
+            conditions = items(conditions, "status.conditions", notes)
+        for cond in conditions:
+            if type(cond) is not dict and not isinstance(cond, Mapping):
+                continue
+            kind = cond.get("type")
+            if kind == "Ready":
                 ready = cond.get("status") == "True"
-            elif isinstance(cond, Mapping) and cond.get("type") == HEALTH_CONDITION:
+            elif kind == HEALTH_CONDITION:
                 condition_note = _unhealthy_note(cond)
         cordoned = flag(spec.get("unschedulable"), "spec.unschedulable", notes, False)
         health = labels.get(HEALTH_LABEL, "")
-        annotations = mapping(meta.get("annotations"), "metadata.annotations", notes)
+        annotations = (
+            v
+            if type(v := meta.get("annotations")) is dict
+            else mapping(v, "metadata.annotations", notes)
+        )
         efa, findings_read = efa_findings(annotations.get(FINDINGS_ANNOTATION), notes)
         deep_health = labels.get(DEEP_HEALTH_CHECK_KEY, "")
         deep_health_blocks = deep_health in DEEP_HEALTH_UNAVAILABLE
@@ -710,13 +730,13 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
             notes.append(f"unknown {DEEP_HEALTH_CHECK_KEY} value {deep_health[:64]!r}")
             deep_health_blocks = True
         node = Node(
-            name=text(meta.get("name"), "metadata.name", notes),
+            name=v if type(v := meta.get("name")) is str else text(v, "metadata.name", notes),
             labels=tuple(sorted(labels.items())),
             allocatable_gpus=gpus,
             schedulable=ready and not cordoned and not health.startswith("Unschedulable"),
             health=health,
             condition_note=condition_note,
-            taints=taints(spec.get("taints"), "spec.taints", notes),
+            taints=() if (v := spec.get("taints")) is None else taints(v, "spec.taints", notes),
             cordoned=cordoned,
             deep_health=deep_health,
             deep_health_blocks=deep_health_blocks,
@@ -729,7 +749,8 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")
         node = Node(name="", labels=(), allocatable_gpus=0, schedulable=False, health="")
-    report("Node", obj, notes, problems)
+    if notes:
+        report("Node", obj, notes, problems)
     return node
 
 
@@ -803,36 +824,71 @@ def _unhealthy_note(cond: Mapping[str, Any]) -> str:
 
 
 def parse_pod(obj: Mapping[str, Any], problems: list[str] | None = None) -> Pod:
-    """A Pod: where it runs, how many GPUs it holds, and which Kueue workload it belongs to."""
+    """A Pod: where it runs, how many GPUs it holds, and which Kueue workload it belongs to.
+
+    This runs for every Pod event, so each field is type-tested in line and the checked
+    helpers (`mapping`, `text`, which write the notes) run only for a field that fails the test:
+    the same Pod and the same notes, in the same order, as calling them for every field."""
     notes: list[str] = []
     try:
         body, meta = object_parts(obj, notes)
-        spec = mapping(body.get("spec"), "spec", notes)
-        status = mapping(body.get("status"), "status", notes)
-        labels = mapping(meta.get("labels"), "metadata.labels", notes)
-        annotations = mapping(meta.get("annotations"), "metadata.annotations", notes)
+        get = meta.get
+        spec = v if type(v := body.get("spec")) is dict else mapping(v, "spec", notes)
+        status = v if type(v := body.get("status")) is dict else mapping(v, "status", notes)
+        labels = v if type(v := get("labels")) is dict else mapping(v, "metadata.labels", notes)
+        annotations = (
+            v
+            if type(v := get("annotations")) is dict
+            else mapping(v, "metadata.annotations", notes)
+        )
         owner, owner_uid = controlling_owner(meta, notes)
+        namespace = (
+            v if type(v := get("namespace")) is str else text(v, "metadata.namespace", notes)
+        )
+        name = v if type(v := get("name")) is str else text(v, "metadata.name", notes)
+        uid = v if type(v := get("uid")) is str else text(v, "metadata.uid", notes)
+        node = v if type(v := spec.get("nodeName")) is str else text(v, "spec.nodeName", notes)
+        phase = v if type(v := status.get("phase")) is str else text(v, "status.phase", notes)
+        # every resource, read where the GPUs were, so notes keep their order
+        requests = pod_spec_requests(spec, "spec", notes)
+        workload = (
+            v
+            if type(v := annotations.get(WORKLOAD_ANNOTATION)) is str
+            else text(v, "metadata.annotations", notes)
+        )
+        job_uid = (
+            v if type(v := labels.get(JOB_UID_LABEL)) is str else text(v, "metadata.labels", notes)
+        )
+        queue_name = (
+            v
+            if type(v := labels.get(QUEUE_NAME_LABEL)) is str
+            else text(v, "metadata.labels", notes)
+        )
+        conditions = status.get("conditions")
+        gates = spec.get("schedulingGates")
         pod = Pod(
-            namespace=text(meta.get("namespace"), "metadata.namespace", notes),
-            name=text(meta.get("name"), "metadata.name", notes),
-            uid=text(meta.get("uid"), "metadata.uid", notes),
-            node=text(spec.get("nodeName"), "spec.nodeName", notes),
-            phase=text(status.get("phase"), "status.phase", notes),
-            # every resource, read where the GPUs were, so notes keep their order
-            gpus=amount_of((requests := pod_spec_requests(spec, "spec", notes)), GPU_RESOURCE),
-            workload=text(annotations.get(WORKLOAD_ANNOTATION), "metadata.annotations", notes),
-            job_uid=text(labels.get(JOB_UID_LABEL), "metadata.labels", notes),
-            queue_name=text(labels.get(QUEUE_NAME_LABEL), "metadata.labels", notes),
-            owner=owner,
-            owner_uid=owner_uid,
-            ready_since=_ready_since(status.get("conditions"), notes),
-            gated=bool(items(spec.get("schedulingGates"), "spec.schedulingGates", notes)),
-            requests=requests,
+            namespace,
+            name,
+            uid,
+            node,
+            phase,
+            amount_of(requests, GPU_RESOURCE),
+            workload,
+            job_uid,
+            queue_name,
+            owner,
+            owner_uid,
+            None if conditions is None else _ready_since(conditions, notes),
+            bool(gates)
+            if type(gates) is list
+            else bool(items(gates, "spec.schedulingGates", notes)),
+            requests,
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")
         pod = Pod("", "", "", "", "", 0, "", "", "", "", "")
-    report("Pod", obj, notes, problems)
+    if notes:
+        report("Pod", obj, notes, problems)
     return pod
 
 
