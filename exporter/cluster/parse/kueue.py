@@ -55,7 +55,7 @@ from exporter.cluster.parse.core import (
     quota_amount,
     report,
     required_affinity,
-    resource_list,
+    resource_tuple,
     string_map,
     taints,
     text,
@@ -384,26 +384,42 @@ def topology_request(
 
 
 def _topology_request(pod_set: object, notes: list[str]) -> TopologyRequest:
-    body = mapping(pod_set, "podSet", notes)
-    request = mapping(body.get("topologyRequest"), "topologyRequest", notes)
-    template = mapping(body.get("template"), "template", notes)
-    template_meta = mapping(template.get("metadata"), "template.metadata", notes)
+    # Each field type-tested in line, the checked helper only for one that fails (as in
+    # `parse_workload`, which this serves for every Workload event).
+    body = pod_set if type(pod_set) is dict else mapping(pod_set, "podSet", notes)
+    get = body.get
+    request = (
+        v if type(v := get("topologyRequest")) is dict else mapping(v, "topologyRequest", notes)
+    )
+    template = v if type(v := get("template")) is dict else mapping(v, "template", notes)
+    template_meta = (
+        v if type(v := template.get("metadata")) is dict else mapping(v, "template.metadata", notes)
+    )
     annotations = string_map(
         template_meta.get("annotations"), "template.metadata.annotations", notes
     )
 
-    required = text(request.get("required"), "topologyRequest.required", notes)
-    preferred = text(request.get("preferred"), "topologyRequest.preferred", notes)
-    unconstrained = flag(
-        request.get("unconstrained"), "topologyRequest.unconstrained", notes, False
+    get = request.get
+    required = (
+        v if type(v := get("required")) is str else text(v, "topologyRequest.required", notes)
     )
-    slice_level = text(
-        request.get("podSetSliceRequiredTopology"),
-        "topologyRequest.podSetSliceRequiredTopology",
-        notes,
+    preferred = (
+        v if type(v := get("preferred")) is str else text(v, "topologyRequest.preferred", notes)
     )
-    slice_size = _slice_size(
-        request.get("podSetSliceSize"), "topologyRequest.podSetSliceSize", notes
+    unconstrained = (
+        v
+        if (v := get("unconstrained")) is True or v is False
+        else flag(v, "topologyRequest.unconstrained", notes, False)
+    )
+    slice_level = (
+        v
+        if type(v := get("podSetSliceRequiredTopology")) is str
+        else text(v, "topologyRequest.podSetSliceRequiredTopology", notes)
+    )
+    slice_size = (
+        None
+        if (v := get("podSetSliceSize")) is None
+        else _slice_size(v, "topologyRequest.podSetSliceSize", notes)
     )
     if not slice_level:  # the alpha multi-layer form: keep the outermost layer
         layers = items(
@@ -449,18 +465,22 @@ def _topology_request(pod_set: object, notes: list[str]) -> TopologyRequest:
 
 def _conditions(raw: object, problems: list[str]) -> tuple[Condition, ...]:
     result = []
-    for i, cond in enumerate(items(raw, "status.conditions", problems)):
-        where = f"status.conditions[{i}]"
-        fields = mapping(cond, where, problems)
+    conditions = raw if type(raw) is list else items(raw, "status.conditions", problems)
+    for i, cond in enumerate(conditions):
+        fields = cond if type(cond) is dict else mapping(cond, f"status.conditions[{i}]", problems)
         if not fields:
             continue
+        get = fields.get
+        where = "status.conditions[%d].%s"  # spelled out only for a note
         result.append(
             Condition(
-                type=text(fields.get("type"), where + ".type", problems),
-                status=text(fields.get("status"), where + ".status", problems),
-                reason=text(fields.get("reason"), where + ".reason", problems),
-                message=text(fields.get("message"), where + ".message", problems),
-                last_transition=parse_time(fields.get("lastTransitionTime")),
+                v if type(v := get("type")) is str else text(v, where % (i, "type"), problems),
+                v if type(v := get("status")) is str else text(v, where % (i, "status"), problems),
+                v if type(v := get("reason")) is str else text(v, where % (i, "reason"), problems),
+                v
+                if type(v := get("message")) is str
+                else text(v, where % (i, "message"), problems),
+                None if (v := get("lastTransitionTime")) is None else parse_time(v),
             )
         )
     return tuple(result)
@@ -468,15 +488,20 @@ def _conditions(raw: object, problems: list[str]) -> tuple[Condition, ...]:
 
 def _pod_sets(raw: object, problems: list[str]) -> tuple[PodSetRequest, ...]:
     result = []
-    for i, pod_set in enumerate(items(raw, "spec.podSets", problems)):
+    for i, pod_set in enumerate(raw if type(raw) is list else items(raw, "spec.podSets", problems)):
         where = f"spec.podSets[{i}]"
-        fields = mapping(pod_set, where, problems)
-        template = mapping(fields.get("template"), where + ".template", problems)
-        spec = mapping(template.get("spec"), where + ".template.spec", problems)
-        topology_notes: list[str] = []
-        request = topology_request(fields, topology_notes)
-        problems.extend(f"{where}: {note}" for note in topology_notes)
+        fields = pod_set if type(pod_set) is dict else mapping(pod_set, where, problems)
+        template = (
+            v
+            if type(v := fields.get("template")) is dict
+            else mapping(v, where + ".template", problems)
+        )
         at = where + ".template.spec"
+        spec = v if type(v := template.get("spec")) is dict else mapping(v, at, problems)
+        topology_notes: list[str] = []
+        request = _topology_request(fields, topology_notes)
+        if topology_notes:
+            problems.extend(f"{where}: {note}" for note in topology_notes)
         per_pod = pod_spec_requests(spec, at, problems)
         gpus = 0
         for name, amount in per_pod:
@@ -484,8 +509,12 @@ def _pod_sets(raw: object, problems: list[str]) -> tuple[PodSetRequest, ...]:
                 gpus = amount
         result.append(
             PodSetRequest(
-                name=text(fields.get("name"), where + ".name", problems, DEFAULT_POD_SET),
-                count=integer(fields.get("count"), where + ".count", problems, 1),
+                name=v
+                if type(v := fields.get("name")) is str
+                else text(v, where + ".name", problems, DEFAULT_POD_SET),
+                count=v
+                if type(v := fields.get("count")) is int
+                else integer(v, where + ".count", problems, 1),
                 gpus_per_pod=gpus,
                 topology=request,
                 requests=per_pod,
@@ -510,10 +539,14 @@ def _placements(
     spec_counts = {p.name: p.count for p in pod_sets}
     result = []
     path = "status.admission.podSetAssignments"
-    for i, assignment in enumerate(items(raw, path, problems)):
+    for i, assignment in enumerate(raw if type(raw) is list else items(raw, path, problems)):
         where = f"{path}[{i}]"
-        fields = mapping(assignment, where, problems)
-        name = text(fields.get("name"), where + ".name", problems, DEFAULT_POD_SET)
+        fields = assignment if type(assignment) is dict else mapping(assignment, where, problems)
+        name = (
+            v
+            if type(v := fields.get("name")) is str
+            else text(v, where + ".name", problems, DEFAULT_POD_SET)
+        )
         flavors = string_map(fields.get("flavors"), where + ".flavors", problems)
         levels: tuple[str, ...] = ()
         domains: tuple[DomainAssignment, ...] = ()
@@ -524,7 +557,7 @@ def _placements(
             except ValueError as exc:
                 problems.append(f"{where}.topologyAssignment: {exc}")
         raw_count = fields.get("count")
-        usage = resource_list(fields.get("resourceUsage"), where + ".resourceUsage", problems)
+        usage = resource_tuple(fields.get("resourceUsage"), where + ".resourceUsage", problems)
         result.append(
             PodSetPlacement(
                 name=name,
@@ -535,7 +568,7 @@ def _placements(
                 flavors=tuple(sorted(flavors.items())),
                 levels=levels,
                 domains=domains,
-                usage=tuple(sorted(usage.items())),
+                usage=usage,  # sorted
             )
         )
     return tuple(result)
@@ -567,43 +600,70 @@ def parse_workload(obj: Mapping[str, Any]) -> Workload:
     """A Workload of either served version; malformed fields land in `problems`."""
     problems: list[str] = []
     try:
+        # Each field type-tested in line and the checked helper (which writes the note) called
+        # only for one that fails: the same Workload and notes, for every Workload event.
         body, meta = object_parts(obj, problems)
-        spec = mapping(body.get("spec"), "spec", problems)
-        status = mapping(body.get("status"), "status", problems)
-        admission = mapping(status.get("admission"), "status.admission", problems)
-        labels = string_map(meta.get("labels"), "metadata.labels", problems)
-        annotations = string_map(meta.get("annotations"), "metadata.annotations", problems)
-        name = text(meta.get("name"), "metadata.name", problems)
-        namespace = text(meta.get("namespace"), "metadata.namespace", problems)
+        get = meta.get
+        spec = v if type(v := body.get("spec")) is dict else mapping(v, "spec", problems)
+        status = v if type(v := body.get("status")) is dict else mapping(v, "status", problems)
+        admission = (
+            v
+            if type(v := status.get("admission")) is dict
+            else mapping(v, "status.admission", problems)
+        )
+        labels = string_map(get("labels"), "metadata.labels", problems)
+        annotations = string_map(get("annotations"), "metadata.annotations", problems)
+        name = v if type(v := get("name")) is str else text(v, "metadata.name", problems)
+        namespace = (
+            v if type(v := get("namespace")) is str else text(v, "metadata.namespace", problems)
+        )
         if meta and not (name and namespace):
             problems.append("metadata.name or metadata.namespace missing")
         owner, owner_uid = controlling_owner(meta, problems)
-        api_version = text(body.get("apiVersion"), "apiVersion", problems)
+        api_version = (
+            v if type(v := body.get("apiVersion")) is str else text(v, "apiVersion", problems)
+        )
         if api_version and api_version not in KNOWN_WORKLOAD_VERSIONS:
             problems.append(f"unknown Kueue API version {api_version!r}: read as v1beta2")
         pod_sets = _pod_sets(spec.get("podSets"), problems)
-        requeue = mapping(status.get("requeueState"), "status.requeueState", problems)
+        requeue = status.get("requeueState")
+        if requeue is not None and type(requeue) is not dict:
+            requeue = mapping(requeue, "status.requeueState", problems)
         return Workload(
             namespace=namespace,
             name=name,
-            uid=text(meta.get("uid"), "metadata.uid", problems),
+            uid=v if type(v := get("uid")) is str else text(v, "metadata.uid", problems),
             api_version=api_version,
-            created=parse_time(meta.get("creationTimestamp")),
-            queue_name=text(spec.get("queueName"), "spec.queueName", problems)
+            created=parse_time(get("creationTimestamp")),
+            queue_name=(
+                v
+                if type(v := spec.get("queueName")) is str
+                else text(v, "spec.queueName", problems)
+            )
             or labels.get(QUEUE_NAME_LABEL, ""),
             priority_class=_priority_class(spec, problems),
-            priority=integer(spec.get("priority"), "spec.priority", problems),
+            priority=v
+            if type(v := spec.get("priority")) is int
+            else integer(v, "spec.priority", problems),
             job_uid=labels.get(JOB_UID_LABEL, ""),
             owner=owner,
             owner_uid=owner_uid,
-            active=flag(spec.get("active"), "spec.active", problems, True),
+            active=v
+            if (v := spec.get("active")) is True or v is False
+            else flag(v, "spec.active", problems, True),
             pod_sets=pod_sets,
-            cluster_queue=text(
-                admission.get("clusterQueue"), "status.admission.clusterQueue", problems
-            ),
-            placements=_placements(admission.get("podSetAssignments"), pod_sets, problems),
+            cluster_queue=v
+            if type(v := admission.get("clusterQueue")) is str
+            else text(v, "status.admission.clusterQueue", problems),
+            placements=()
+            if (v := admission.get("podSetAssignments")) is None
+            else _placements(v, pod_sets, problems),
             conditions=_conditions(status.get("conditions"), problems),
-            requeue_count=integer(requeue.get("count"), "status.requeueState.count", problems),
+            requeue_count=0
+            if requeue is None
+            else v
+            if type(v := requeue.get("count")) is int
+            else integer(v, "status.requeueState.count", problems),
             problems=tuple(problems),
             elastic=annotations.get(ELASTIC_JOB_ANNOTATION) == "true",
             slice_name=annotations.get(SLICE_NAME_ANNOTATION, ""),
