@@ -481,6 +481,11 @@ class ClusterModel:
                 used[name] = used.get(name, 0) + sign * amount
         self._usage_epoch += 1
 
+    def node_flavor(self, name: str) -> str:
+        """The ResourceFlavor that selects node `name` (else its instance type; "" when the
+        node is unknown), as `idle.flavor_of` decided at its last relabel or flavor change."""
+        return self._node_flavor.get(name, "")
+
     def node_requested(self, node: str) -> Mapping[str, int]:
         """What the bound pods on `node` request, every resource, and how many they are."""
         return self._node_used.get(node, _EMPTY_USAGE)

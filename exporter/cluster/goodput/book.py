@@ -125,6 +125,8 @@ class ModelView(Protocol):
 
     def cluster_queue_of(self, workload: Workload | None) -> str: ...
 
+    def node_flavor(self, name: str) -> str: ...
+
 
 def job_key_of(workload: Workload) -> JobKey:
     """A Workload's job: its owner ("Kind/name"), else the Workload itself."""
@@ -169,7 +171,7 @@ class GoodputBook:
         # Each node's (flavor, domain, instance type, UltraServer), and the labels it was
         # worked out from (recomputed when they change).
         self._node_place: dict[str, tuple[str, str, str, str]] = {}
-        self._node_labels: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._node_placement: dict[str, object] = {}
         self._why: dict[str, str] = {}  # why each node's free GPUs are unavailable ("": not)
         self._unsettled: list[JobKey] = []
         self._watch: dict[str, set[tuple[JobKey, str]]] = {}  # node -> (job, entry id)
@@ -970,7 +972,7 @@ class GoodputBook:
             self._facts.pop(name, None)
             self._why.pop(name, None)
             self._node_place.pop(name, None)
-            self._node_labels.pop(name, None)
+            self._node_placement.pop(name, None)
             self._events_of(name).append(NodeEvent(now, name, "deleted"))
             self._epoch += 1
             self.gpu_ledger.remove_node(name, now)
@@ -1036,22 +1038,19 @@ class GoodputBook:
         self.gpu_ledger.set_node(name, place[0], place[1], node.allocatable_gpus, why, now)
 
     def _place(self, name: str, node: Node) -> tuple[str, str, str, str]:
-        """(flavor, domain, instance type, UltraServer), recomputed when labels move."""
+        """(flavor, domain, instance type, UltraServer): the model's flavor of the node and
+        its place in the topology tree, recomputed when either moves (the tree keeps a
+        node's Placement while its placement labels stay, whatever other labels do)."""
         assert self._model is not None
-        cached = self._node_place.get(name)
-        if cached is not None:
-            labels = self._node_labels[name]
-            if labels is node.labels:
-                return cached
-            if labels == node.labels:  # the same, parsed anew: hold the model's copy
-                self._node_labels[name] = node.labels
-                return cached
         placement = self._model.tree.placement(name)
+        flavor = self._model.node_flavor(name)
+        cached = self._node_place.get(name)
+        if cached is not None and cached[0] == flavor and self._node_placement[name] is placement:
+            return cached
         domain = placement.layers[-1] if placement is not None and placement.layers else ""
-        flavor = idle.flavor_of(node, self._model.flavors.values())
         value = (flavor, domain, node.label(INSTANCE_TYPE_KEY), node.label(ULTRASERVER_KEY))
         self._node_place[name] = value
-        self._node_labels[name] = node.labels
+        self._node_placement[name] = placement
         return value
 
     def _refresh_watchers(self, node: str) -> None:

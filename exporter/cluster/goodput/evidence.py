@@ -113,13 +113,14 @@ def node_facts(
 ) -> NodeFacts:
     """Read a Node object. A findings annotation that cannot be read keeps the findings of
     `previous` (what was last known) and says why in `findings_problem`."""
-    meta = _map(obj.get("metadata"))
-    name = meta.get("name")
-    name = name if isinstance(name, str) else ""
-    labels = _map(meta.get("labels"))
-    annotations = _map(meta.get("annotations"))
-    spec = _map(obj.get("spec"))
-    status = _map(obj.get("status"))
+    # Type-tested in line, `_map`/`_text` only where a test fails: this runs per Node event.
+    meta = v if type(v := obj.get("metadata")) is dict else _map(v)
+    get = meta.get
+    name = v if type(v := get("name")) is str else _text(v)
+    labels = v if type(v := get("labels")) is dict else _map(v)
+    annotations = v if type(v := get("annotations")) is dict else _map(v)
+    spec = v if type(v := obj.get("spec")) is dict else _map(v)
+    status = v if type(v := obj.get("status")) is dict else _map(v)
     ready = False
     conditions = status.get("conditions")
     if isinstance(conditions, list):
@@ -134,8 +135,8 @@ def node_facts(
         if problem and previous is not None:
             findings = previous.findings
     cordoned = spec.get("unschedulable") is True
-    health = _text(labels.get(HEALTH_KEY))
-    deep_health = _text(labels.get(DEEP_HEALTH_KEY))
+    health = v if type(v := labels.get(HEALTH_KEY)) is str else _text(v)
+    deep_health = v if type(v := labels.get(DEEP_HEALTH_KEY)) is str else _text(v)
     if (
         previous is not None
         and findings is previous.findings

@@ -202,6 +202,7 @@ class GpuSecondLedger:
         self._demand: dict[Hashable, tuple[str, DemandCause, int]] = {}
         self._demand_by_flavor: dict[str, dict[str, int]] = {}
         self._split: dict[str, tuple[int, int, int, int]] = {}
+        self._reason_cells: dict[str, tuple[list[int], ...]] = {}  # by IDLE_REASONS
         self._split_idle: dict[str, int] = {}  # the idle count each flavor was last split at
         self._unsplit: set[str] = set()  # flavors whose idle count moved since then
         self._dirty: list[_Node] = []  # nodes marked since they were last settled
@@ -346,12 +347,51 @@ class GpuSecondLedger:
             cell[1] -= gpus * ms
         a.used -= gpus
         b.used += gpus
-        if not a.dirty:
-            a.dirty = True
-            self._dirty.append(a)
-        if not b.dirty:
-            b.dirty = True
-            self._dirty.append(b)
+        # Each node settled at once where its cells are current (the common case), else
+        # marked: the same cells and counts `_settle` would reach at this moment.
+        idle_a = self._used_moved(a, ms)
+        idle_b = self._used_moved(b, ms)
+        if a.flavor == b.flavor:
+            if idle_a + idle_b:
+                self._idle_moved(a.flavor, idle_a + idle_b)
+        else:
+            if idle_a:
+                self._idle_moved(a.flavor, idle_a)
+            if idle_b:
+                self._idle_moved(b.flavor, idle_b)
+
+    def _used_moved(self, node: _Node, ms: int) -> int:
+        """`_settle` for a node whose pods' GPUs alone changed since it was last settled: its
+        capacity (its pods may hold more than its allocatable GPUs) and free cells move at
+        `ms`, and the change of its idle GPUs is returned for its flavor's count. A node
+        already marked, or never settled, is marked (and 0 returned)."""
+        if node.dirty or node.free_cell is None:
+            if not node.dirty:
+                node.dirty = True
+                self._dirty.append(node)
+            return 0
+        used = node.used
+        allocatable = node.allocatable
+        capacity = allocatable if allocatable > used else used
+        delta = capacity - node.given_capacity
+        if delta:
+            cell = node.cap_cell
+            assert cell is not None  # set by every settle, with free_cell
+            cell[0] += delta
+            cell[1] -= delta * ms
+            node.given_capacity = capacity
+        free = capacity - used
+        delta = free - node.given_free
+        if not delta:
+            return 0
+        cell = node.free_cell
+        cell[0] += delta
+        cell[1] -= delta * ms
+        node.given_free = free
+        if node.unavailable:
+            return 0
+        node.given_idle = free
+        return delta
 
     def flush(self) -> None:
         """Settle what changed at the latest moment, at that moment: the marked nodes, then
@@ -498,14 +538,25 @@ class GpuSecondLedger:
         per[cause] = per.get(cause, 0) + sign * gpus
 
     def _resplit(self, flavor: str, ms: int) -> None:
+        """The flavor's idle GPUs shared out anew at `ms` (each time its idle count moved,
+        once per millisecond: the cells of its four reasons are kept, not looked up)."""
         idle = self._idle.get(flavor, 0)
         self._split_idle[flavor] = idle
         demand = self._demand_by_flavor.get(flavor)
-        shares = split(idle, demand) if demand else (0, 0, 0, max(0, idle))
-        old = self._split.get(flavor, (0, 0, 0, 0))
+        shares = split(idle, demand) if demand else (0, 0, 0, idle if idle > 0 else 0)
+        old = self._split.get(flavor)
         if shares == old:
             return
-        for reason, before, after in zip(IDLE_REASONS, old, shares, strict=True):
+        cells = self._reason_cells.get(flavor)
+        if cells is None:
+            cells = self._reason_cells[flavor] = tuple(
+                self._reasons.cell((flavor, reason)) for reason in IDLE_REASONS
+            )
+            old = (0, 0, 0, 0)
+        assert old is not None
+        for cell, before, after in zip(cells, old, shares, strict=True):
             if after != before:
-                self._reasons.add((flavor, reason), after - before, ms)
+                delta = after - before
+                cell[0] += delta
+                cell[1] -= delta * ms
         self._split[flavor] = shares
