@@ -127,8 +127,8 @@ def serve_cluster(
             clock=service.clock,
             admission=service.admission.audit if service.admission is not None else None,
         )
-        _restore_goodput(service)
-        _restore_admission(service)
+        _restore("goodput ledger", lambda: _goodput_restored(service))
+        _restore("admission decisions", lambda: _admission_restored(service))
         if leadership is not None:
             history.leading = lambda: leadership.is_leader
         history.writer.start()
@@ -202,43 +202,38 @@ def serve_cluster(
     return service
 
 
-def _restore_admission(service: ClusterService) -> None:
-    """The admission check's recent decisions as the previous process left them, so
-    /api/v1/admission and explain's "admission held" survive a restart. A store that is away
-    costs only that: the ring begins empty."""
+def _restore(what: str, restore: Callable[[], str]) -> None:
+    """Refill `what` from the history store as the previous process left it (before the first
+    lists). A store that is away, or a record it cannot read, costs only the restored history,
+    never the start: `what` begins empty, and the log says why. `restore` returns what it
+    refilled, in words for the log ("" when nothing)."""
     from exporter.store.sqlstore import StoreUnavailable
 
     try:
-        restored = service.restore_admission()
+        told = restore()
     except StoreUnavailable as exc:
-        log.error("admission decisions not restored (history store unavailable): %s", exc)
+        log.error("%s not restored (history store unavailable): %s", what, exc)
         return
-    except Exception:  # a decision it cannot read must not stop the service
-        log.exception("admission decisions not restored")
+    except Exception:  # what it cannot read must not stop the service
+        log.exception("%s not restored", what)
         return
-    if restored:
-        log.info("admission: %d decisions restored from the history store", restored)
+    if told:
+        log.info("%s restored: %s", what, told)
 
 
-def _restore_goodput(service: ClusterService) -> None:
-    """The goodput ledger as the previous process left it (before the first lists). A store
-    that is away now costs the restored history, not the start: the ledger begins empty."""
-    from exporter.store.sqlstore import StoreUnavailable
-
-    try:
-        bad = service.restore_goodput()
-    except StoreUnavailable as exc:
-        log.error("goodput ledger not restored (history store unavailable): %s", exc)
-        return
-    except Exception:  # a ledger it cannot rebuild must not stop the service
-        log.exception("goodput ledger not restored")
-        return
-    log.info(
-        "goodput ledger restored: %d interruptions, %d jobs%s",
-        len(service.goodput.interruptions()),
-        len(service.goodput.jobs),
-        f" ({bad} unreadable documents skipped)" if bad else "",
+def _goodput_restored(service: ClusterService) -> str:
+    bad = service.restore_goodput()
+    return (
+        f"{len(service.goodput.interruptions())} interruptions, {len(service.goodput.jobs)} jobs"
+        + (f" ({bad} unreadable documents skipped)" if bad else "")
     )
+
+
+def _admission_restored(service: ClusterService) -> str:
+    """The admission check's recent decisions, so /api/v1/admission and explain's "admission
+    held" survive a restart."""
+    restored = service.restore_admission()
+    return f"{restored} decisions" if restored else ""
 
 
 def build_admission(

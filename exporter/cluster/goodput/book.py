@@ -75,7 +75,9 @@ MAX_JOBS: Final = 50_000
 NODE_EVENTS: Final = 64
 WATCH_S: Final = 6 * 3600.0  # an interruption's node is followed this long for "node back"
 PRUNE_EVERY_S: Final = 600.0
-OBSERVED_KINDS: Final = frozenset({"Node", "Pod", "Workload", "Event", "HyperPodPyTorchJob"})
+OBSERVED_KINDS: Final = frozenset(
+    {"Node", "Pod", "Workload", "Event", "HyperPodPyTorchJob", "ResourceFlavor"}
+)
 SUCCESS_REASONS: Final = frozenset({"Succeeded", "JobFinished", "Completed", ""})
 
 
@@ -237,6 +239,8 @@ class GoodputBook:
             self._node(event_type, key[1], obj, now)
         elif kind == "HyperPodPyTorchJob":
             self._owner(event_type, (key[0], "HyperPodPyTorchJob", key[1]), obj)
+        elif kind == "ResourceFlavor":
+            self._reflavor(now)
         else:  # an Event
             self._epoch += 1  # a Preempted Event may complete a preemption's ledger entry
         if (
@@ -1024,6 +1028,15 @@ class GoodputBook:
         self._seen(name, node, why, now)
         if new_events:
             self._refresh_watchers(name)
+
+    def _reflavor(self, now: float) -> None:
+        """A ResourceFlavor came, changed or went: the model may select its nodes anew, so
+        every node is placed again (O(nodes), on a rare event), from this moment."""
+        assert self._model is not None
+        for name in list(self._node_place):
+            node = self._model.nodes.get(name)
+            if node is not None:
+                self._seen(name, node, self._why.get(name, ""), now)
 
     def _events_of(self, node: str) -> deque[NodeEvent]:
         events = self._node_events.get(node)

@@ -80,50 +80,54 @@ def add_history_routes(app: web.Application, service: HistoryService, off_loop: 
             headers["Link"] = f'<{request.path}?{urlencode(query)}>; rel="next"'
         return web.json_response(list(page.items), headers=headers)
 
-    async def preemptions(request: web.Request) -> web.Response:
-        q = request.query
+    async def paged(
+        request: web.Request,
+        query_of: Callable[[web.Request], Any],
+        fetch: Callable[[Any], Answer],
+    ) -> web.Response:
+        """One page: the query read from the request (400 when it cannot be), fetched off the
+        loop (503 while the store a cursor needs is away)."""
         try:
-            until = parse_since(q.get("until"), service.clock()) if q.get("until") else None
-            query = PreemptionQuery(
-                **common(request),
-                until=until,
-                namespace=q.get("namespace") or None,
-                queue=q.get("queue") or None,
-                verdict=q.get("verdict") or None,
-            )
-            return answer(request, await off_loop(service.preemption_page, query))
+            return answer(request, await off_loop(fetch, query_of(request)))
         except ValueError as exc:
             return _error(400, str(exc))
         except StoreUnavailable as exc:
             return _error(503, f"history store unavailable: {exc}")
+
+    def preemption_query(request: web.Request) -> PreemptionQuery:
+        q = request.query
+        return PreemptionQuery(
+            **common(request),
+            until=parse_since(q.get("until"), service.clock()) if q.get("until") else None,
+            namespace=q.get("namespace") or None,
+            queue=q.get("queue") or None,
+            verdict=q.get("verdict") or None,
+        )
+
+    def audit_query(request: web.Request) -> AuditQuery:
+        return AuditQuery(**common(request), node=request.query.get("node") or None)
+
+    def admission_query(request: web.Request) -> AuditQuery:
+        q = request.query
+        return AuditQuery(
+            **common(request),
+            node=q.get("node") or None,
+            admission=True,
+            workload=q.get("workload") or None,
+        )
+
+    async def preemptions(request: web.Request) -> web.Response:
+        return await paged(request, preemption_query, service.preemption_page)
 
     async def remediation_history(request: web.Request) -> web.Response:
         if service.history is None and service.controller is None:
             return _error(404, "no remediation (--remediation-config) and no history store")
-        try:
-            query = AuditQuery(**common(request), node=request.query.get("node") or None)
-            return answer(request, await off_loop(service.audit_page, query))
-        except ValueError as exc:
-            return _error(400, str(exc))
-        except StoreUnavailable as exc:
-            return _error(503, f"history store unavailable: {exc}")
+        return await paged(request, audit_query, service.audit_page)
 
     async def admission_history(request: web.Request) -> web.Response:
         if service.history is None and service.admission is None:
             return _error(404, "no admission check (admission.enabled) and no history store")
-        q = request.query
-        try:
-            query = AuditQuery(
-                **common(request),
-                node=q.get("node") or None,
-                admission=True,
-                workload=q.get("workload") or None,
-            )
-            return answer(request, await off_loop(service.admission_page, query))
-        except ValueError as exc:
-            return _error(400, str(exc))
-        except StoreUnavailable as exc:
-            return _error(503, f"history store unavailable: {exc}")
+        return await paged(request, admission_query, service.admission_page)
 
     app.router.add_get("/api/v1/preemptions", preemptions)
     app.router.add_get("/api/v1/admission/history", admission_history)

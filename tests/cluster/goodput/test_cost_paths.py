@@ -13,6 +13,7 @@ from exporter.cluster.goodput.gpu_seconds import GpuSecondLedger
 from exporter.store.sqlstore import open_store
 from tests.cluster.goodput.harness import NS, T0, World, finding, xid79
 from tests.cluster.goodput.test_restart import restored
+from tests.crds import assert_valid_kueue
 
 Slot = tuple[str, str]
 
@@ -123,3 +124,26 @@ def test_hardware_incidents_within_the_window() -> None:
     assert w.book.hardware_incidents(T0 + 3 * day) == {"a": 2}
     assert w.book.hardware_incidents(T0 + 9 * day) == {"a": 1}
     assert w.book.hardware_incidents(T0 + 20 * day) == {}
+
+
+def test_a_nodes_place_follows_the_models_flavor_not_its_other_labels() -> None:
+    """The book counts a node where the model places it: its ResourceFlavor (a flavor whose
+    nodeLabels select it, created after the node was seen, takes its GPU-seconds from then on)
+    and its layer-3 domain; a HyperPod health label that flips moves neither."""
+    w = World()
+    w.node("a")
+    flavor = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": "p5-reserved", "resourceVersion": "1"},
+        "spec": {"nodeLabels": {"node.kubernetes.io/instance-type": "ml.p5.48xlarge"}},
+    }
+    assert_valid_kueue(flavor)
+    w.at(T0 + 100).apply("ResourceFlavor", flavor)
+    w.at(T0 + 150).node("a", health="UnschedulablePendingReboot")
+    w.at(T0 + 200).node("a")
+    capacity = w.book.gpu_seconds(T0 + 300).capacity
+    assert capacity == {
+        ("ml.p5.48xlarge", "nn-3a"): 8 * 100_000,  # before the flavor existed
+        ("p5-reserved", "nn-3a"): 8 * 200_000,  # from then on, health flips or not
+    }
