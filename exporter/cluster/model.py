@@ -688,16 +688,23 @@ class ClusterModel:
             return
         bound = 0
         ready: list[float] = []
+        own: dict[str, tuple[int, list[float]]] = {}  # by the Workload each pod names
         for key in self._pods_by_group.get(owner_uid, ()):
             pod = self.pods.get(key)
             if pod is None or not pod.holds_gpus or pod.gated:
                 continue
             bound += 1
+            count, times = own.get(pod.workload) or (0, [])
             if pod.ready_since is not None:
                 ready.append(pod.ready_since)
+                times.append(pod.ready_since)
+            own[pod.workload] = (count + 1, times)
         ready.sort()
-        if bound != job.bound or tuple(ready) != job.ready_times:
-            self.elastic.on_pods(job, bound, tuple(ready), now, self.observed_live(now))
+        by_workload = {name: (n, tuple(sorted(t))) for name, (n, t) in own.items() if name}
+        if bound != job.bound or tuple(ready) != job.ready_times or by_workload != job.by_workload:
+            self.elastic.on_pods(
+                job, bound, tuple(ready), now, self.observed_live(now), by_workload
+            )
             self._elastic_accounting(job, now)
 
     def _elastic_accounting(self, job: JobState, now: float) -> None:

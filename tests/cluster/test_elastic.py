@@ -266,6 +266,65 @@ def test_a_scale_up_preempted_before_its_pods_are_ready_fails_at_that_phase() ->
     assert model.elastic.failures_total == {(CQ, "ready"): 1}
 
 
+def test_a_scale_up_whose_own_pods_were_ready_ended_though_an_older_replica_was_down() -> None:
+    """README (issue 16): "failed if evicted before *its* pods were Ready". A scale-up's pods
+    are the ones naming its Workload (kueue.x-k8s.io/workload; reference 1.4: one Workload per
+    world-size increment): when they are Ready it reached ready even while an older replica
+    is down (a node fault), so its preemption ends it, it does not fail
+    (judgment_accuracy --seed 2, step 49)."""
+    model = cluster()
+    running_base(model)
+    model.apply("Pod", "DELETED", hp_pod("llama-1", "n1", T0 + 20), T0 + 90)  # a fault
+    model.apply("Workload", "ADDED", increment("llama-up1", 1, T0 + 100), T0 + 100)
+    admitted = increment("llama-up1", 1, T0 + 100, T0 + 110, rv="2")
+    model.apply("Workload", "MODIFIED", admitted, T0 + 110)
+    pod = hp_pod("llama-2", "n2", T0 + 130)
+    pod["metadata"]["annotations"] = {"kueue.x-k8s.io/workload": "llama-up1"}
+    model.apply("Pod", "ADDED", pod, T0 + 130)
+    evicted = increment("llama-up1", 1, T0 + 100, T0 + 110, rv="3")
+    evicted["status"]["conditions"].append(
+        s.condition("Evicted", "True", "Preempted", "Preempted to accommodate a workload", T0 + 150)
+    )
+    model.apply("Workload", "MODIFIED", evicted, T0 + 150)
+    up = next(e for e in the_job(model).events if e.direction == "up")
+    assert not up.failed and up.ended == "preempted after ready"
+    assert up.phases["ready"] == T0 + 130
+    assert model.elastic.failures_total == {}
+
+
+def test_a_scale_up_removed_with_its_base_preempted_is_a_preemption_scale_down() -> None:
+    """Reference 1.4: "Kueue preempts one, operator signals, deletes those pods and removes the
+    corresponding Workload object". The base Workload preempted, the admitted scale-up the
+    operator then deletes is a scale-down caused by preemption, not an unexplained one
+    (judgment_accuracy --seed 2, step 212)."""
+    model = cluster()
+    running_base(model)
+    scale_up(model)
+    model.apply("Workload", "MODIFIED", base_state("2", evicted=T0 + 300), T0 + 300)
+    model.apply("Workload", "DELETED", increment("llama-up1", 1, T0 + 100, T0 + 110), T0 + 301)
+    model.apply("Node", "MODIFIED", s.node("n5", ("nn-1", "nn-2", "nn-1"), rv="2"), T0 + 500)
+    downs = [(e.workload, e.cause) for e in the_job(model).events if e.direction == "down"]
+    assert downs == [("llama-base", "preemption"), ("llama-up1", "preemption")]
+    assert model.elastic.events_total[("down", "unknown", CQ)] == 0
+
+
+def test_a_scale_up_left_open_when_its_job_is_deleted_failed_before_admission() -> None:
+    """Each kind has its own watch: the job's DELETED can come before its pending scale-up
+    Workload's (the garbage collector's). That deletion is no scale-down, but the scale-up
+    will never be admitted: it failed, withdrawn before admission, as the operator's own
+    withdrawal would (judgment_accuracy --seed 3, step 263)."""
+    model = cluster()
+    running_base(model)
+    model.apply("Workload", "ADDED", increment("llama-up1", 1, T0 + 100), T0 + 100)
+    model.apply("HyperPodPyTorchJob", "DELETED", hp_job(target=2, restart=T0 + 30), T0 + 200)
+    model.apply("Workload", "DELETED", increment("llama-up1", 1, T0 + 100), T0 + 201)
+    job = model.elastic.jobs.get((NS, "HyperPodPyTorchJob", "llama"))
+    events = list(job.events) if job is not None else []
+    ups = [e for e in events if e.direction == "up"]
+    assert [(e.failed, e.failed_phase) for e in ups] == [("withdrawn before admission", "admitted")]
+    assert not [e for e in events if e.direction == "down"]
+
+
 def base_state(rv: str, evicted: float | None = None, readmitted: float | None = None) -> Any:
     """The base Workload: admitted at T0 + 5, re-admitted at `readmitted` (Kueue's
     SetQuotaReservation turns Evicted back to False), preempted at `evicted` (Kueue writes

@@ -7,12 +7,17 @@ health.md, 1.4 to 1.7):
 - **HyperPod** (`HyperPodPyTorchJob`, several admitted Workloads per job, one per world-size
   increment): a Workload owned by the job created while an older one exists is a scale-up;
   its phases are requested (Workload created) → admitted (its Admitted condition) → scheduled
-  (the job has that many pods bound) → ready (that many pods Ready) → restarted (the operator's
-  `lastRestartTime` after the pods were ready: the job restarted at the new world size).
+  (the job has that many pods bound, or its own pods, those naming its Workload, all are) →
+  ready (likewise Ready: an older replica down meanwhile does not hold it back) → restarted
+  (the operator's `lastRestartTime` after the pods were ready: the job restarted at the new
+  world size).
   An owned Workload evicted with reason Preempted is a scale-down caused by preemption; one
   deleted while admitted is a scale-down whose cause the job's status settles:
-  `isFaultyPodScaleDown` → faulty pod, a new `metadata.generation` → user change, else unknown.
-  A scale-up Workload deleted before admission, or evicted before its pods were ready, failed.
+  `isFaultyPodScaleDown` → faulty pod, a new `metadata.generation` → user change, the job's
+  base Workload preempted → preemption (1.4: the operator "removes the corresponding Workload
+  object"), else unknown. A scale-up Workload deleted before admission (by the operator, or by
+  the garbage collector after its job's deletion), or evicted before its pods were ready,
+  failed.
   A scale-up evicted after its pods were Ready did not fail: it ended ("preempted after
   ready"), and its eviction is a scale-down of its own.
 - **Only elastic jobs scale** (1.2: `spec.elasticPolicy`; `elasticWorkloadRef` is "only set
@@ -51,7 +56,7 @@ ledger, uncounted, and the same Workload never makes two events.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -145,6 +150,9 @@ class JobState:
     bound: int = 0  # pods bound to a node
     ready: int = 0  # pods Ready
     ready_times: tuple[float, ...] = ()  # the Ready pods' Ready times, earliest first
+    # Per Workload its pods name (annotation kueue.x-k8s.io/workload): (bound, Ready times,
+    # earliest first), so a scale-up's own pods are judged even while an older replica is down.
+    by_workload: Mapping[str, tuple[int, tuple[float, ...]]] = field(default_factory=dict)
     events: deque[ScaleEvent] = field(default_factory=lambda: deque(maxlen=EVENTS_PER_JOB))
     # Size history: what a first list's objects say (rebuilt as they arrive), then what was
     # watched happening.
@@ -420,6 +428,8 @@ class ElasticBook:
         if new is None:
             if _derives(job):
                 self._lost(job, current, now, live)
+            elif job.deleted_elastic:  # the garbage collector's: no scale-down, but a
+                self._withdrawn(current, now)  # scale-up still open never will be admitted
             job.workloads.pop(current.name, None)
             job.live_seen.pop(current.name, None)
             job.evidence.pop(current.name, None)
@@ -666,18 +676,27 @@ class ElasticBook:
                 )
 
     def _lost(self, job: JobState, gone: Workload, now: float, live: bool) -> None:
-        event = self._event_of.get((gone.uid, "up"))
-        if event is not None and not event.done:
-            phase = event.next_phase
-            why = "withdrawn before admission" if phase == "admitted" else f"deleted before {phase}"
-            self._fail(event, why, now)
+        self._withdrawn(gone, now)
         if job.kind == HYPERPOD_KIND and _holds_quota(gone):
             before = job.admitted
             cause = "faulty_pod" if job.spec is not None and job.spec.faulty_scale_down else ""
             changed = job.generation_changed
             if not cause and changed is not None and now - changed <= USER_CHANGE_WINDOW_S:
                 cause = "user_change"
+            if not cause and _base_preempted(job, gone, now):
+                # 1.4: "Kueue preempts one, operator signals, deletes those pods and removes
+                # the corresponding Workload object": the job's base Workload was preempted.
+                cause = "preemption"
             self._down(job, gone, before, before - _count(gone), cause, now, live)
+
+    def _withdrawn(self, gone: Workload, now: float) -> None:
+        """The Workload is deleted: its scale-up, if still open, failed at the phase it had
+        not reached."""
+        event = self._event_of.get((gone.uid, "up"))
+        if event is not None and not event.done:
+            phase = event.next_phase
+            why = "withdrawn before admission" if phase == "admitted" else f"deleted before {phase}"
+            self._fail(event, why, now)
 
     def _check_owner(self, job: JobState) -> None:
         """Why a HyperPod job's spec is unknown: a dump without it, a kind not listed yet (not
@@ -715,12 +734,16 @@ class ElasticBook:
         ready_times: tuple[float, ...],
         now: float,
         live: bool = True,
+        by_workload: Mapping[str, tuple[int, tuple[float, ...]]] | None = None,
     ) -> None:
-        """The job's pods changed (`ready_times`: its Ready pods' Ready times, sorted): phases
-        advance, the size history grows (live) or is rebuilt from the objects (a first list)."""
+        """The job's pods changed (`ready_times`: its Ready pods' Ready times, sorted;
+        `by_workload`: the same per Workload its pods name): phases advance, the size history
+        grows (live) or is rebuilt from the objects (a first list)."""
         ready = len(ready_times)
         grew = ready > job.ready
         job.bound, job.ready, job.ready_times = bound, ready, ready_times
+        if by_workload is not None:
+            job.by_workload = by_workload
         if live:
             last = job.live_sizes[-1] if job.live_sizes else None
             if last is None and job.history_sizes:
@@ -909,14 +932,21 @@ class ElasticBook:
             want = event.to_replicas
             if want is None:
                 continue
+            # The job at its new size, or else the scale-up's own pods (the README's rule is
+            # about its pods: an older replica lost meanwhile does not hold its phases back).
+            own_bound, own_ready = job.by_workload.get(event.workload, (0, ()))
+            own = _pod_count(workload)
             if "scheduled" not in event.phases:
-                if job.bound < want:
+                if job.bound < want and not (own and own_bound >= own):
                     continue
                 self._reach(event, "scheduled", now if live else None)
             if "ready" not in event.phases:
-                if job.ready < want:
+                if job.ready >= want:
+                    self._reach(event, "ready", job.ready_times[want - 1])
+                elif own and len(own_ready) >= own:
+                    self._reach(event, "ready", own_ready[own - 1])
+                else:
                     continue
-                self._reach(event, "ready", job.ready_times[want - 1])
             if job.kind == HYPERPOD_KIND and "restarted" not in event.phases:
                 self._restarted(job, event)
         if job.kind == HYPERPOD_KIND:
@@ -994,3 +1024,25 @@ def _failure_phase(phase: str) -> str:
         "ready": "ready",
         "restarted": "restart",
     }.get(phase, "admission")
+
+
+def _pod_count(workload: Workload | None) -> int:
+    """The pods a Workload asks for (0 when unknown)."""
+    return 0 if workload is None else sum(p.count for p in workload.pod_sets)
+
+
+def _base_preempted(job: JobState, gone: Workload, now: float) -> bool:
+    """Whether the job's base Workload (its earliest, the minimum it first asked for) is held
+    out of quota by a preemption Kueue made: the scale-up Workloads it then removes go because
+    of that preemption."""
+    others = [w for name, w in job.workloads.items() if name != gone.name]
+    if not others:
+        return False
+    base = min(others, key=lambda w: _order(w, now))
+    evicted = base.condition("Evicted")
+    return (
+        evicted is not None
+        and evicted.status == "True"
+        and evicted.reason == "Preempted"
+        and not _holds_quota(base)
+    )
