@@ -361,37 +361,13 @@ class GpuSecondLedger:
                 self._idle_moved(b.flavor, idle_b)
 
     def _used_moved(self, node: _Node, ms: int) -> int:
-        """`_settle` for a node whose pods' GPUs alone changed since it was last settled: its
-        capacity (its pods may hold more than its allocatable GPUs) and free cells move at
-        `ms`, and the change of its idle GPUs is returned for its flavor's count. A node
-        already marked, or never settled, is marked (and 0 returned)."""
+        """`_settle` at once for a node whose pods' GPUs alone changed since it was last
+        settled (its cells are current): `_count`. A node already marked, or never settled,
+        is marked instead (and 0 returned)."""
         if node.dirty or node.free_cell is None:
-            if not node.dirty:
-                node.dirty = True
-                self._dirty.append(node)
+            self._mark(node)
             return 0
-        used = node.used
-        allocatable = node.allocatable
-        capacity = allocatable if allocatable > used else used
-        delta = capacity - node.given_capacity
-        if delta:
-            cell = node.cap_cell
-            assert cell is not None  # set by every settle, with free_cell
-            cell[0] += delta
-            cell[1] -= delta * ms
-            node.given_capacity = capacity
-        free = capacity - used
-        delta = free - node.given_free
-        if not delta:
-            return 0
-        cell = node.free_cell
-        cell[0] += delta
-        cell[1] -= delta * ms
-        node.given_free = free
-        if node.unavailable:
-            return 0
-        node.given_idle = free
-        return delta
+        return self._count(node, ms)
 
     def flush(self) -> None:
         """Settle what changed at the latest moment, at that moment: the marked nodes, then
@@ -478,55 +454,58 @@ class GpuSecondLedger:
         cell[1] -= delta * ms
 
     def _settle(self, node: _Node, ms: int) -> None:
-        """Count the node's capacity and free GPUs for what they are now, from `ms` on."""
+        """Count the node's capacity and free GPUs for what they are now, from `ms` on: first
+        where they count (its place and free category may have moved: what it gave to its old
+        cells goes, its cells start from nothing), then how many."""
         node.dirty = False
-        allocatable = node.allocatable
-        used = node.used
-        capacity = allocatable if allocatable > used else used
         cell = node.cap_cell
         if cell is None:
             cell = node.cap_cell = self._capacity.cell((node.flavor, node.domain))
-        given = node.given_capacity
-        if cell is not node.given_cap_cell:  # another place: what it gave there goes
-            old = node.given_cap_cell
-            if old is not None and given:
-                old[0] -= given
-                old[1] += given * ms
-            node.given_cap_cell = cell
-            given = 0
-        if capacity != given:
-            delta = capacity - given
-            cell[0] += delta
-            cell[1] -= delta * ms
-        node.given_capacity = capacity
-        free = capacity - used
+        if cell is not node.given_cap_cell:
+            _take(node.given_cap_cell, node.given_capacity, ms)
+            node.given_cap_cell, node.given_capacity = cell, 0
         cell = node.free_cell
         if cell is None:
             key = (node.flavor, node.domain, "", node.free_category)
             cell = node.free_cell = self._parts.cell(key)
-        given = node.given_free
-        if cell is not node.given_free_cell:  # another place or category
-            old = node.given_free_cell
-            if old is not None and given:
-                old[0] -= given
-                old[1] += given * ms
-            node.given_free_cell = cell
-            given = 0
-        if free != given:
-            delta = free - given
-            cell[0] += delta
-            cell[1] -= delta * ms
-        node.given_free = free
-        idle = 0 if node.unavailable else free
-        flavor = node.flavor
-        if flavor != node.given_flavor:
+        if cell is not node.given_free_cell:
+            _take(node.given_free_cell, node.given_free, ms)
+            node.given_free_cell, node.given_free = cell, 0
+        if node.flavor != node.given_flavor:
             if node.given_idle:
                 self._idle_moved(node.given_flavor, -node.given_idle)
-            node.given_flavor = flavor
-            node.given_idle = 0
-        if idle != node.given_idle:
-            self._idle_moved(flavor, idle - node.given_idle)
-            node.given_idle = idle
+            node.given_flavor, node.given_idle = node.flavor, 0
+        idle = self._count(node, ms)
+        if idle:
+            self._idle_moved(node.flavor, idle)
+
+    @staticmethod
+    def _count(node: _Node, ms: int) -> int:
+        """The node's capacity (its pods may hold more than its allocatable GPUs) and free
+        GPUs moved into its current cells at `ms`; returns the change of its idle GPUs (free
+        and available) for its flavor's count."""
+        used = node.used
+        allocatable = node.allocatable
+        capacity = allocatable if allocatable > used else used
+        delta = capacity - node.given_capacity
+        if delta:
+            cell = node.cap_cell
+            assert cell is not None  # set by every settle
+            cell[0] += delta
+            cell[1] -= delta * ms
+            node.given_capacity = capacity
+        free = capacity - used
+        delta = free - node.given_free
+        if delta:
+            cell = node.free_cell
+            assert cell is not None
+            cell[0] += delta
+            cell[1] -= delta * ms
+            node.given_free = free
+        idle = 0 if node.unavailable else free  # (its old idle may be elsewhere: a re-home)
+        delta = idle - node.given_idle
+        node.given_idle = idle
+        return delta
 
     def _idle_moved(self, flavor: str, delta: int) -> None:
         self._idle[flavor] = self._idle.get(flavor, 0) + delta
@@ -560,3 +539,10 @@ class GpuSecondLedger:
                 cell[0] += delta
                 cell[1] -= delta * ms
         self._split[flavor] = shares
+
+
+def _take(cell: list[int] | None, count: int, ms: int) -> None:
+    """`count` leaves `cell` at `ms` (nothing when there is no cell or no count)."""
+    if cell is not None and count:
+        cell[0] -= count
+        cell[1] += count * ms

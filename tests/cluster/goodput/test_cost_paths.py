@@ -147,3 +147,20 @@ def test_a_nodes_place_follows_the_models_flavor_not_its_other_labels() -> None:
         ("ml.p5.48xlarge", "nn-3a"): 8 * 100_000,  # before the flavor existed
         ("p5-reserved", "nn-3a"): 8 * 200_000,  # from then on, health flips or not
     }
+
+
+def test_a_node_filled_and_made_unavailable_in_one_millisecond_has_no_idle_left() -> None:
+    """A settle that moves a node's free GPUs to another category (here a finding) in the
+    millisecond its pods fill it: its idle count leaves its flavor too, so the idle reasons
+    still add up to the idle GPU-seconds (residual 0) and none are idle afterwards."""
+    ledger = GpuSecondLedger()
+    slot = ("t1", "running")
+    ledger.set_node("n", "f", "d", 8, "", T0)
+    ledger.move("n", None, slot, 4, T0)
+    ledger.totals(T0 + 10)  # settled: 4 idle
+    ledger.move("n", None, slot, 4, T0 + 20)
+    ledger.set_node("n", "f", "d", 8, "finding", T0 + 20)
+    totals = ledger.totals(T0 + 30)
+    assert totals.residual_ms() == 0
+    assert sum(totals.idle_reasons.values()) == 4 * 20_000  # idle only before T0 + 20
+    assert ledger.now_counts() == {"running": 8}
