@@ -33,34 +33,31 @@ A benchmark: it prints figures and never fails.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._inprocess import Informers, StoreWriter
 from exporter.cluster.admission.audit import AdmissionAudit
 from exporter.cluster.admission.controller import AdmissionController
 from exporter.cluster.admission.decide import Decision as CheckDecision
-from exporter.cluster.admission.parse import AdmissionCheckInfo, WorkloadChecks
 from exporter.cluster.admission.settings import AdmissionSettings
 from exporter.cluster.informers import WATCHED
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.service import ClusterService
 from exporter.sim.cluster import ClusterShape, SimulatedCluster
-from exporter.sim.kubeapi.store import ObjectStore, StoredEntry
+from exporter.sim.kubeapi.store import ObjectStore
 from exporter.sim.kueue.checks import AdmissionChecks
-from exporter.sim.kueue.convert import GROUP as KUEUE_GROUP
 from exporter.sim.node_faults import FaultRates
 
 START = 1_795_000_000.0
-PLURAL_KIND = {w.plural: w.kind for w in WATCHED}
 REQUIRED_KINDS = tuple(w.kind for w in WATCHED if not w.optional)
 TEAMS = ("llm", "vision", "research")
 
@@ -75,85 +72,6 @@ def shape(quick: bool) -> ClusterShape:
         elastic_hyperpod_jobs=0,
         elastic_batch_jobs=0,
     )
-
-
-class Informers:
-    """The service's informers in-process (as benchmarks/goodput.py): each kind's events since
-    the last delivery, in that kind's order, the kinds interleaved at random."""
-
-    def __init__(self, store: ObjectStore, rng: random.Random) -> None:
-        self.store = store
-        self.rng = rng
-        self.plurals = [p for p in PLURAL_KIND if p in {r.plural for r in store.resources}]
-        self.cursors: dict[str, int] = {}
-
-    def _obj(self, plural: str, entry: StoredEntry) -> dict[str, Any]:
-        resource = self.store.resource(plural)
-        version = "v1beta2" if resource.group == KUEUE_GROUP else resource.version
-        obj: dict[str, Any] = json.loads(entry.encoded(version))
-        return obj
-
-    def _list(self, service: ClusterService, plural: str) -> None:
-        cursor, entries, _ = self.store.open_watch(plural, None, 0.0)
-        self.cursors[plural] = cursor
-        service.replace(PLURAL_KIND[plural], [self._obj(plural, e) for e in entries])
-
-    def relist(self, service: ClusterService) -> None:
-        for plural in self.plurals:
-            self._list(service, plural)
-
-    def deliver(self, service: ClusterService) -> int:
-        streams: list[deque[tuple[str, Any]]] = []
-        for plural in self.plurals:
-            got = self.store.next_events(plural, self.cursors[plural], 0.0)
-            if got is None:
-                self._list(service, plural)
-                continue
-            events, cursor, _ = got
-            self.cursors[plural] = cursor
-            if events:
-                streams.append(deque((plural, e) for e in events))
-        delivered = 0
-        while streams:
-            i = self.rng.randrange(len(streams))
-            plural, event = streams[i].popleft()
-            service.apply(PLURAL_KIND[plural], event.type, self._obj(plural, event.entry))
-            delivered += 1
-            if not streams[i]:
-                streams.pop(i)
-        return delivered
-
-
-class StoreWriter:
-    """The controller's StatusWriter onto the in-process API server: a merge patch of
-    status (lists replaced, as JSON merge patch does), refused on a resourceVersion conflict."""
-
-    def __init__(self, store: ObjectStore) -> None:
-        self.store = store
-        self.conflicts = 0
-
-    def _patch(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> str:
-        obj = self.store.get(plural, namespace, name)
-        if obj is None:
-            return "not_found"
-        want = patch.get("metadata", {}).get("resourceVersion")
-        if want is not None and str(want) != str(obj["metadata"].get("resourceVersion")):
-            self.conflicts += 1
-            return "conflict"
-        status = obj.setdefault("status", {})
-        for key, value in patch.get("status", {}).items():
-            status[key] = value
-        self.store.upsert(plural, obj)
-        return "written"
-
-    def write(self, checks: WorkloadChecks, patch: dict[str, Any]) -> str:
-        return self._patch("workloads", checks.namespace, checks.name, patch)
-
-    def activate(self, check: AdmissionCheckInfo, patch: dict[str, Any]) -> str:
-        return self._patch("admissionchecks", "", check.name, patch)
-
-    def list_checks(self) -> list[dict[str, Any]] | None:
-        return self.store.items("admissionchecks")
 
 
 class RecordingAudit(AdmissionAudit):

@@ -29,30 +29,28 @@ run).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import random
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._inprocess import Informers
 from exporter.cluster.goodput import CATEGORIES, GoodputBook, GoodputConfig, Interruption
 from exporter.cluster.informers import WATCHED
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.service import ClusterService
 from exporter.sim.cluster import ClusterShape, SimulatedCluster
-from exporter.sim.kubeapi.store import ObjectStore, StoredEntry
-from exporter.sim.kueue.convert import GROUP as KUEUE_GROUP
+from exporter.sim.kubeapi.store import ObjectStore
 from exporter.sim.node_faults import FaultRates, GroundTruth
 
 START = 1_795_000_000.0
 DAY = 86_400.0
-PLURAL_KIND = {w.plural: w.kind for w in WATCHED}
 REQUIRED_KINDS = tuple(w.kind for w in WATCHED if not w.optional)
 TEAMS = ("llm", "vision", "research")
 MATCH_S = 1.0  # a ledger entry this close to the truth's time (same job) is its record
@@ -70,53 +68,6 @@ def shape() -> ClusterShape:
         elastic_hyperpod_jobs=0,
         elastic_batch_jobs=0,
     )
-
-
-class Informers:
-    """The service's informers in-process: each kind's events since the last delivery, in
-    that kind's order, the kinds interleaved at random."""
-
-    def __init__(self, store: ObjectStore, rng: random.Random) -> None:
-        self.store = store
-        self.rng = rng
-        self.plurals = [p for p in PLURAL_KIND if p in {r.plural for r in store.resources}]
-        self.cursors: dict[str, int] = {}
-
-    def _obj(self, plural: str, entry: StoredEntry) -> dict[str, Any]:
-        resource = self.store.resource(plural)
-        version = "v1beta2" if resource.group == KUEUE_GROUP else resource.version
-        obj: dict[str, Any] = json.loads(entry.encoded(version))
-        return obj
-
-    def _list(self, service: ClusterService, plural: str) -> None:
-        cursor, entries, _ = self.store.open_watch(plural, None, 0.0)
-        self.cursors[plural] = cursor
-        service.replace(PLURAL_KIND[plural], [self._obj(plural, e) for e in entries])
-
-    def relist(self, service: ClusterService) -> None:
-        for plural in self.plurals:
-            self._list(service, plural)
-
-    def deliver(self, service: ClusterService) -> int:
-        streams: list[deque[tuple[str, Any]]] = []
-        for plural in self.plurals:
-            got = self.store.next_events(plural, self.cursors[plural], 0.0)
-            if got is None:
-                self._list(service, plural)
-                continue
-            events, cursor, _ = got
-            self.cursors[plural] = cursor
-            if events:
-                streams.append(deque((plural, e) for e in events))
-        delivered = 0
-        while streams:
-            i = self.rng.randrange(len(streams))
-            plural, event = streams[i].popleft()
-            service.apply(PLURAL_KIND[plural], event.type, self._obj(plural, event.entry))
-            delivered += 1
-            if not streams[i]:
-                streams.pop(i)
-        return delivered
 
 
 @dataclass

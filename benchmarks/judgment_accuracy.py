@@ -49,7 +49,7 @@ import json
 import random
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,22 +57,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._inprocess import Informers, StoreWriter
 from exporter.cluster.admission.controller import AdmissionController
-from exporter.cluster.admission.parse import AdmissionCheckInfo, WorkloadChecks
 from exporter.cluster.admission.settings import AdmissionSettings
 from exporter.cluster.elastic.scaling import ScaleEvent
 from exporter.cluster.informers import WATCHED
 from exporter.cluster.model import ClusterModel
 from exporter.cluster.service import ClusterService
 from exporter.sim.cluster import ClusterShape, Fidelity, SimulatedCluster
-from exporter.sim.kubeapi.store import ObjectStore, StoredEntry
+from exporter.sim.kubeapi.store import ObjectStore
 from exporter.sim.kueue.checks import AdmissionChecks
-from exporter.sim.kueue.convert import GROUP as KUEUE_GROUP
 from exporter.sim.kueue.decisions import Decision, ScaleTruth
 from exporter.sim.node_faults import FaultRates
 
 START = 1_795_000_000.0
-PLURAL_KIND = {w.plural: w.kind for w in WATCHED}
 REQUIRED_KINDS = tuple(w.kind for w in WATCHED if not w.optional)
 JUDGMENTS = (
     "pending cause",
@@ -161,88 +159,6 @@ class Result:
         self.sim_seconds += other.sim_seconds
 
 
-class Informers:
-    """The service's informers, in-process: each kind's events since the last delivery from
-    the store's watch history, handed over one at a time with the kinds interleaved at
-    random (each kind's own order kept, as one watch stream keeps it)."""
-
-    def __init__(self, store: ObjectStore, rng: random.Random, kueue_version: str) -> None:
-        self.store = store
-        self.rng = rng
-        self.kueue_version = kueue_version
-        self.plurals = [p for p in PLURAL_KIND if p in {r.plural for r in store.resources}]
-        self.cursors: dict[str, int] = {}
-
-    def _obj(self, plural: str, entry: StoredEntry) -> dict[str, Any]:
-        resource = self.store.resource(plural)
-        version = self.kueue_version if resource.group == KUEUE_GROUP else resource.version
-        obj: dict[str, Any] = json.loads(entry.encoded(version))
-        return obj
-
-    def _list(self, service: ClusterService, plural: str) -> None:
-        cursor, entries, _ = self.store.open_watch(plural, None, 0.0)
-        self.cursors[plural] = cursor
-        service.replace(PLURAL_KIND[plural], [self._obj(plural, e) for e in entries])
-
-    def relist(self, service: ClusterService) -> None:
-        order = list(self.plurals)
-        self.rng.shuffle(order)
-        for plural in order:
-            self._list(service, plural)
-
-    def deliver(self, service: ClusterService) -> int:
-        streams: list[deque[tuple[str, Any]]] = []
-        for plural in self.plurals:
-            got = self.store.next_events(plural, self.cursors[plural], 0.0)
-            if got is None:  # fell behind the history: 410 Gone, a re-list
-                self._list(service, plural)
-                continue
-            events, cursor, _ = got
-            self.cursors[plural] = cursor
-            if events:
-                streams.append(deque((plural, e) for e in events))
-        delivered = 0
-        while streams:
-            i = self.rng.randrange(len(streams))
-            plural, event = streams[i].popleft()
-            service.apply(PLURAL_KIND[plural], event.type, self._obj(plural, event.entry))
-            delivered += 1
-            if not streams[i]:
-                streams.pop(i)
-        return delivered
-
-
-class StoreWriter:
-    """The admission controller's StatusWriter onto the in-process API server (as
-    benchmarks/admission_day.py): a merge patch of status, lists replaced, refused on a
-    resourceVersion conflict."""
-
-    def __init__(self, store: ObjectStore) -> None:
-        self.store = store
-
-    def _patch(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> str:
-        obj = self.store.get(plural, namespace, name)
-        if obj is None:
-            return "not_found"
-        want = patch.get("metadata", {}).get("resourceVersion")
-        if want is not None and str(want) != str(obj["metadata"].get("resourceVersion")):
-            return "conflict"
-        status = obj.setdefault("status", {})
-        for key, value in patch.get("status", {}).items():
-            status[key] = value
-        self.store.upsert(plural, obj)
-        return "written"
-
-    def write(self, checks: WorkloadChecks, patch: dict[str, Any]) -> str:
-        return self._patch("workloads", checks.namespace, checks.name, patch)
-
-    def activate(self, check: AdmissionCheckInfo, patch: dict[str, Any]) -> str:
-        return self._patch("admissionchecks", "", check.name, patch)
-
-    def list_checks(self) -> list[dict[str, Any]] | None:
-        return self.store.items("admissionchecks")
-
-
 class Run:
     """One seed: the simulation, the service watching it, and the judge."""
 
@@ -275,7 +191,7 @@ class Run:
             admission_checks=AdmissionChecks() if admission else None,
         )
         kueue_version = "v1beta1" if seed % 2 else "v1beta2"
-        self.informers = Informers(self.store, self.rng, kueue_version)
+        self.informers = Informers(self.store, self.rng, kueue_version, shuffle_lists=True)
         self.result = Result()
         self.restart_every = restart_every
         self.next_restart = START + self.rng.uniform(*restart_every)
