@@ -164,7 +164,7 @@ stream = cm.event_stream(objects, events)
 if kind:
     stream = [e for e in stream if e[0] == kind]
 gc.collect(); gc.freeze()
-print("ready", flush=True)
+print("ready", len(stream), flush=True)
 at = 0
 for line in sys.stdin:
     part = stream[at : at + int(line)]
@@ -178,10 +178,9 @@ for line in sys.stdin:
 
 def interleaved(
     trees: dict[str, Path], nodes: int, events: int, pairs: int, kind: str
-) -> tuple[list[float], dict[str, list[float]]]:
+) -> tuple[list[float], dict[str, list[float]], int]:
     """Seconds per event of each tree's slices, `pairs` slices each, taken in turn; and the
-    ratio of events/s (this tree over the base) of each pair."""
-    size = events // pairs
+    ratio of events/s (this tree over the base) of each pair. Returns the slice size too."""
     procs = {
         name: subprocess.Popen(
             [sys.executable, "-c", SLICE_DRIVER, str(nodes), str(events), kind],
@@ -193,10 +192,14 @@ def interleaved(
         for name, tree in trees.items()
     }
     try:
+        lengths = set()
         for name, proc in procs.items():
             assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
+            word, _, length = proc.stdout.readline().partition(" ")
+            if word != "ready":
                 raise SystemExit(f"the slice driver failed in {trees[name]}")
+            lengths.add(int(length))
+        size = min(lengths) // pairs  # (one kind's events: a share of the stream)
         costs: dict[str, list[float]] = {name: [] for name in trees}
         ratios = []
         names = list(trees)
@@ -208,7 +211,7 @@ def interleaved(
                 proc.stdin.flush()
                 costs[name].append(float(proc.stdout.readline()))
             ratios.append(costs["base"][-1] / costs["head"][-1])
-        return ratios, costs
+        return ratios, costs, size
     finally:
         for proc in procs.values():
             if proc.stdin is not None:
@@ -258,7 +261,7 @@ def main() -> None:
                 )
                 return
             if args.interleaved:
-                pair_ratios, costs = interleaved(
+                pair_ratios, costs, size = interleaved(
                     {"base": base, "head": ROOT},
                     args.nodes,
                     args.events,
@@ -269,7 +272,7 @@ def main() -> None:
                 what = f"{args.kind} events" if args.kind else "events"
                 print(
                     f"at {args.nodes:,} nodes, {args.interleaved} interleaved pairs of "
-                    f"{args.events // args.interleaved:,} {what}: "
+                    f"{size:,} {what}: "
                     f"{statistics.median(costs['base']) * 1e6:.1f} us per event at {args.base}, "
                     f"{statistics.median(costs['head']) * 1e6:.1f} us here: events/s "
                     f"{statistics.median(pair_ratios):.2f}x of {args.base} (quartiles "
