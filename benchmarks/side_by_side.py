@@ -38,8 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Run in the tree under test (cwd), with that tree first on sys.path.
-DRIVER = r"""
-import gc, importlib.util, json, sys, time
+# Every driver begins here: the tree's own cluster_model.py builds the synthetic cluster of
+# argv[1] nodes and the stream of argv[2] events; argv[3], where there is one, is the driver's.
+BUILD = r"""
+import gc, importlib.util, json, os, sys, time
 sys.path.insert(0, ".")
 spec = importlib.util.spec_from_file_location("cm", "benchmarks/cluster_model.py")
 cm = importlib.util.module_from_spec(spec); spec.loader.exec_module(cm)
@@ -48,6 +50,11 @@ shape = cm.SyntheticShape(nodes=nodes, workloads=nodes * 5, pods=nodes * 25)
 objects = cm.build(shape)
 model, _ = cm.sync(objects)
 stream = cm.event_stream(objects, events)
+"""
+
+DRIVER = (
+    BUILD
+    + r"""
 gc.collect(); gc.freeze()
 rates = []
 for part in (stream[0::3], stream[1::3], stream[2::3]):
@@ -62,6 +69,7 @@ for _ in range(3):
     renders.append(time.process_time() - t)
 print(json.dumps({"events_per_s": max(rates), "render_s": min(renders)}))
 """
+)
 
 
 def run(tree: Path, nodes: int, events: int) -> dict[str, float]:
@@ -81,16 +89,10 @@ def run(tree: Path, nodes: int, events: int) -> dict[str, float]:
 # driver signals through files when the model is built and when the loop is done, and the
 # parent turns callgrind's instrumentation on and off around the loop with callgrind_control.
 # An instruction count does not move with the neighbours' load, so one round says it all.
-COUNT_DRIVER = r"""
-import gc, importlib.util, json, os, sys, time
-sys.path.insert(0, ".")
-spec = importlib.util.spec_from_file_location("cm", "benchmarks/cluster_model.py")
-cm = importlib.util.module_from_spec(spec); spec.loader.exec_module(cm)
-nodes, events, signal = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-shape = cm.SyntheticShape(nodes=nodes, workloads=nodes * 5, pods=nodes * 25)
-objects = cm.build(shape)
-model, _ = cm.sync(objects)
-stream = cm.event_stream(objects, events)
+COUNT_DRIVER = (
+    BUILD
+    + r"""
+signal = sys.argv[3]
 gc.collect(); gc.freeze()
 open(signal + ".ready", "w").close()
 while not os.path.exists(signal + ".go"):
@@ -101,6 +103,7 @@ open(signal + ".done", "w").close()
 while not os.path.exists(signal + ".stop"):
     time.sleep(0.2)
 """
+)
 
 
 def count(tree: Path, nodes: int, events: int, work: Path) -> float:
@@ -151,16 +154,10 @@ def count(tree: Path, nodes: int, events: int, work: Path) -> float:
 # Both trees' models built once, in two long-lived drivers, then fed the same stream in short
 # slices taken in turn (which goes first alternates): a neighbour's burst lands on both sides of
 # a pair, so the per-pair ratios spread far less than whole runs do (--interleaved).
-SLICE_DRIVER = r"""
-import gc, importlib.util, os, sys, time
-sys.path.insert(0, ".")
-spec = importlib.util.spec_from_file_location("cm", "benchmarks/cluster_model.py")
-cm = importlib.util.module_from_spec(spec); spec.loader.exec_module(cm)
-nodes, events, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-shape = cm.SyntheticShape(nodes=nodes, workloads=nodes * 5, pods=nodes * 25)
-objects = cm.build(shape)
-model, _ = cm.sync(objects)
-stream = cm.event_stream(objects, events)
+SLICE_DRIVER = (
+    BUILD
+    + r"""
+kind = sys.argv[3]
 if kind:
     stream = [e for e in stream if e[0] == kind]
 gc.collect(); gc.freeze()
@@ -174,6 +171,7 @@ for line in sys.stdin:
         model.apply(kind_, event_type, obj, cm.NOW)
     print((time.process_time() - t) / max(1, len(part)), flush=True)
 """
+)
 
 
 def interleaved(
