@@ -4,20 +4,24 @@ process behind)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import pytest
 
+from exporter.cluster.run import kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService, build_app, run_app
 from exporter.core.snapshot import NodeSnapshot
 from exporter.node.poller import Poller
@@ -180,6 +184,64 @@ class ServedCluster:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
+
+
+Response = tuple[int, dict[str, str], Any]
+
+
+def fetch_json(port: int, path: str) -> Response:
+    """(status, headers, JSON body) of a GET on a local service, error statuses included."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, dict(response.headers), json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.load(exc)
+
+
+@contextmanager
+def serving(api_url: str, **options: Any) -> Iterator[tuple[int, ClusterService]]:
+    """`serve_cluster` against the API server at `api_url`, in a thread, with `options` (its
+    keyword arguments); yields its port and service once it listens, and stops it (through its
+    asyncio event) on the way out."""
+    stop = asyncio.Event()
+    holder: dict[str, Any] = {}
+    started = threading.Event()
+
+    def on_started(port: int, service: ClusterService) -> None:
+        holder.update(port=port, service=service, loop=asyncio.get_running_loop())
+        started.set()
+
+    thread = threading.Thread(
+        target=serve_cluster,
+        args=(kube_api_client(api_url), "127.0.0.1", 0),
+        kwargs={"on_started": on_started, "stop": stop, **options},
+        daemon=True,
+    )
+    thread.start()
+    try:
+        assert started.wait(10), "cluster service did not start"
+        yield holder["port"], holder["service"]
+    finally:
+        if "loop" in holder:
+            holder["loop"].call_soon_threadsafe(stop.set)
+        thread.join(15)
+        assert not thread.is_alive(), "cluster service did not stop"
+
+
+_DATABASES = iter(range(10**9))
+
+
+def new_database(server: PostgresServer, prefix: str) -> str:
+    """The URL of a database of its own on `server` (names never repeat in one session)."""
+    return server.create_database(f"{prefix}_{next(_DATABASES)}")
+
+
+def history_url(request: pytest.FixtureRequest, tmp_path: Path, prefix: str) -> str:
+    """The history store of a test parametrized over "sqlite" and "postgresql": a file in
+    `tmp_path`, or a database of its own on the session's PostgreSQL (`pg_server`)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/history.db"
+    return new_database(request.getfixturevalue("pg_server"), prefix)
 
 
 def free_port() -> int:

@@ -14,8 +14,6 @@ import sqlite3
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,20 +40,10 @@ from tests.cluster.test_preemption_counters import (
     urgent,
     victim,
 )
-from tests.conftest import ServedCluster
+from tests.conftest import Response, ServedCluster, fetch_json
 from tests.postgres_harness import PostgresServer, find_bindir
 
 DAY = 86_400.0
-Response = tuple[int, dict[str, str], Any]
-
-
-def fetch(port: int, path: str) -> Response:
-    """(status, headers, JSON body) of a GET, error statuses included."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.status, dict(response.headers), json.load(response)
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), json.load(exc)
 
 
 def eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -82,7 +70,7 @@ class Replica:
         self.served = ServedCluster(self.service)
 
     def get(self, path: str) -> Response:
-        return fetch(self.served.port, path)
+        return fetch_json(self.served.port, path)
 
     def pump(self, written: bool = True) -> None:
         self.feed.pump(self.service.lock)

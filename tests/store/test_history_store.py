@@ -37,19 +37,16 @@ from exporter.store.sqlstore import (
     page_sql,
     victims_sql,
 )
+from tests.conftest import history_url, new_database
 from tests.postgres_harness import PostgresServer, free_port
 
 DAY = 86_400.0
 NOW = 1_780_000_000.0
-_names = itertools.count()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/history.db"
-    server: PostgresServer = request.getfixturevalue("pg_server")
-    return server.create_database(f"history_{next(_names)}")
+    return history_url(request, tmp_path, "history")
 
 
 @pytest.fixture
@@ -366,7 +363,7 @@ def test_unreachable_postgres_is_unavailable_quickly() -> None:
 
 
 def test_a_postgres_outage_fails_writes_until_it_is_back(pg_server: PostgresServer) -> None:
-    url = pg_server.create_database(f"history_{next(_names)}")
+    url = new_database(pg_server, "history")
     store = open_store(url)
     store.write([preemption(1, NOW)])
     pg_server.stop()

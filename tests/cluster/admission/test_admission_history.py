@@ -10,11 +10,6 @@ one database, through the simulated API server."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +21,6 @@ from exporter.cluster.admission.settings import AdmissionSettings
 from exporter.cluster.explain import explain_text
 from exporter.cluster.history.feed import HistoryFeed, open_history
 from exporter.cluster.history.rows import admission_row, live_admission_page
-from exporter.cluster.run import kube_api_client, serve_cluster
 from exporter.cluster.service import ClusterService
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from exporter.store.records import ADMISSION, AuditQuery
@@ -45,19 +39,9 @@ from tests.cluster.admission.world import (
     workload,
     xid,
 )
-from tests.conftest import ServedCluster, free_port
-from tests.postgres_harness import PostgresServer
+from tests.conftest import Response, ServedCluster, fetch_json, free_port, history_url, serving
 
 ENFORCE = AdmissionSettings(enabled=True, mode="enforce")
-Response = tuple[int, dict[str, str], Any]
-
-
-def fetch(port: int, path: str) -> Response:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.status, dict(response.headers), json.load(response)
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), json.load(exc)
 
 
 class Process:
@@ -102,7 +86,7 @@ class Process:
     def get(self, path: str) -> Response:
         if self.served is None:
             self.served = ServedCluster(self.service)
-        return fetch(self.served.port, path)
+        return fetch_json(self.served.port, path)
 
     def metric(self, name: str) -> float:
         for line in self.service.metrics_body(False).decode().splitlines():
@@ -119,10 +103,7 @@ class Process:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/history.db"
-    server: PostgresServer = request.getfixturevalue("pg_server")
-    return server.create_database(f"admission_{abs(hash(request.node.name)) % 10**9}")
+    return history_url(request, tmp_path, "admission")
 
 
 def test_a_recorded_decision_is_an_audit_row_written_once(url: str) -> None:
@@ -277,40 +258,14 @@ def test_serve_cluster_writes_decisions_and_a_restart_serves_them(tmp_path: Path
         store.upsert("workloads", workload(entries=[entry(CHECK, "Pending")]))
 
         def serve(check: Any) -> Any:
-            stop = asyncio.Event()
-            holder: dict[str, Any] = {}
-            started = threading.Event()
-
-            def on_started(port: int, service: ClusterService) -> None:
-                holder.update(port=port, loop=asyncio.get_running_loop())
-                started.set()
-
-            feed = open_history(url, "cluster-a")
-            thread = threading.Thread(
-                target=serve_cluster,
-                args=(kube_api_client(server.url), "127.0.0.1", 0),
-                kwargs={
-                    "on_started": on_started,
-                    "stop": stop,
-                    "history": feed,
-                    "history_flush_s": 0.1,
-                    "admission": AdmissionSettings(
-                        enabled=True, mode="observe", interval_seconds=0.2
-                    ),
-                },
-                daemon=True,
-            )
-            thread.start()
-            try:
-                assert started.wait(10)
-                return check(holder["port"])
-            finally:
-                holder["loop"].call_soon_threadsafe(stop.set)
-                thread.join(15)
-                assert not thread.is_alive()
+            admission = AdmissionSettings(enabled=True, mode="observe", interval_seconds=0.2)
+            history = open_history(url, "cluster-a")
+            options = {"history": history, "history_flush_s": 0.1, "admission": admission}
+            with serving(server.url, **options) as (port, _):
+                return check(port)
 
         def stored(port: int) -> list[dict[str, Any]]:
-            status, headers, page = fetch(port, "/api/v1/admission/history")
+            status, headers, page = fetch_json(port, "/api/v1/admission/history")
             if status != 200 or headers["X-Topowatch-Source"] != "history":
                 return []
             return list(page)
@@ -323,7 +278,7 @@ def test_serve_cluster_writes_decisions_and_a_restart_serves_them(tmp_path: Path
         assert [(d["state"], d["written"]) for d in first] == [("Retry", "observe")]
 
         def restored(port: int) -> list[dict[str, Any]]:
-            view = fetch(port, f"/api/v1/admission?workload={NS}/train")[2]
+            view = fetch_json(port, f"/api/v1/admission?workload={NS}/train")[2]
             return list(view["decisions"])
 
         # the first process's decision, restored (this one's own first answers may be newer:

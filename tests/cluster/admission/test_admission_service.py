@@ -3,16 +3,12 @@ Workload through the simulated API server, /api/v1/admission and /metrics show t
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 import urllib.request
 from typing import Any
 
 from exporter.cluster.admission.settings import AdmissionSettings
-from exporter.cluster.run import kube_api_client, serve_cluster
-from exporter.cluster.service import ClusterService
 from exporter.sim.kubeapi.server import FakeApiServer, ObjectStore
 from tests.cluster.admission.world import (
     CHECK,
@@ -25,6 +21,7 @@ from tests.cluster.admission.world import (
     workload,
     xid,
 )
+from tests.conftest import serving
 
 
 def until(check: Any, seconds: float = 15.0) -> Any:
@@ -47,27 +44,8 @@ def test_the_service_answers_kueue_and_reports() -> None:
         store.upsert(
             "workloads", workload(entries=[entry(CHECK, "Pending"), entry(OTHER, "Ready")])
         )
-        stop = asyncio.Event()
-        holder: dict[str, Any] = {}
-        started = threading.Event()
-
-        def on_started(port: int, service: ClusterService) -> None:
-            holder.update(port=port, loop=asyncio.get_running_loop())
-            started.set()
-
-        thread = threading.Thread(
-            target=serve_cluster,
-            args=(kube_api_client(server.url), "127.0.0.1", 0),
-            kwargs={
-                "on_started": on_started,
-                "stop": stop,
-                "admission": AdmissionSettings(enabled=True, mode="enforce", interval_seconds=0.2),
-            },
-            daemon=True,
-        )
-        thread.start()
-        try:
-            assert started.wait(10)
+        admission = AdmissionSettings(enabled=True, mode="enforce", interval_seconds=0.2)
+        with serving(server.url, admission=admission) as (port, _):
 
             def answered() -> dict[str, Any] | None:
                 wl = store.get("workloads", NS, "train") or {}
@@ -80,7 +58,7 @@ def test_the_service_answers_kueue_and_reports() -> None:
             assert found[OTHER]["state"] == "Ready"
             check = store.get("admissionchecks", "", CHECK) or {}
             assert check["status"]["conditions"][0]["type"] == "Active"
-            base = f"http://127.0.0.1:{holder['port']}"
+            base = f"http://127.0.0.1:{port}"
             with urllib.request.urlopen(f"{base}/api/v1/admission?workload={NS}/train") as r:
                 view = json.load(r)
             assert view["mode"] == "enforce" and view["checks"] == [CHECK]
@@ -91,7 +69,3 @@ def test_the_service_answers_kueue_and_reports() -> None:
                 'topowatch_admission_decisions_total{check="topowatch-node-health",'
                 'state="Retry",reason="unhealthy_node"} 1' in body
             )
-        finally:
-            holder["loop"].call_soon_threadsafe(stop.set)
-            thread.join(15)
-        assert not thread.is_alive()
