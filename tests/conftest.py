@@ -228,6 +228,14 @@ def serving(api_url: str, **options: Any) -> Iterator[tuple[int, ClusterService]
         assert not thread.is_alive(), "cluster service did not stop"
 
 
+def metric_value(service: ClusterService, name: str) -> float:
+    """The value of the unlabelled sample `name` on the service's /metrics."""
+    for line in service.metrics_body(False).decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
 _DATABASES = iter(range(10**9))
 
 

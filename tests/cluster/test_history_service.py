@@ -40,7 +40,7 @@ from tests.cluster.test_preemption_counters import (
     urgent,
     victim,
 )
-from tests.conftest import Response, ServedCluster, fetch_json
+from tests.conftest import Response, ServedCluster, fetch_json, metric_value
 from tests.postgres_harness import PostgresServer, find_bindir
 
 DAY = 86_400.0
@@ -78,10 +78,7 @@ class Replica:
             assert self.feed.writer.flush(10.0), "the history writer did not catch up"
 
     def metric(self, name: str) -> float:
-        for line in self.service.metrics_body(False).decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        raise AssertionError(f"{name} not exported")
+        return metric_value(self.service, name)
 
     def stop(self) -> None:
         self.served.stop()

@@ -39,7 +39,15 @@ from tests.cluster.admission.world import (
     workload,
     xid,
 )
-from tests.conftest import Response, ServedCluster, fetch_json, free_port, history_url, serving
+from tests.conftest import (
+    Response,
+    ServedCluster,
+    fetch_json,
+    free_port,
+    history_url,
+    metric_value,
+    serving,
+)
 
 ENFORCE = AdmissionSettings(enabled=True, mode="enforce")
 
@@ -89,10 +97,7 @@ class Process:
         return fetch_json(self.served.port, path)
 
     def metric(self, name: str) -> float:
-        for line in self.service.metrics_body(False).decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        raise AssertionError(f"{name} not exported")
+        return metric_value(self.service, name)
 
     def stop(self) -> None:
         if self.served is not None:
