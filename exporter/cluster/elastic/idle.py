@@ -157,16 +157,18 @@ class Integrator(Generic[K]):
 @dataclass(slots=True)
 class _Share:
     """One flavor's running integral phi of the demand shares (claimable, topology, quota,
-    no_demand) of its schedulable idle GPUs."""
+    no_demand) of its schedulable idle GPUs: phi(t) = cumulative + fractions * (t - since).
+
+    The shares follow the flavor's idle GPUs and demand, which move at nearly every Pod event,
+    often twice in one moment (a pod leaves one node and binds on another). They are re-split
+    lazily: a change only sets `stale_at`, and the first reading at a later moment folds it in
+    (`IdleAccountant._phi`), so a moment's changes cost one split, not one each."""
 
     fractions: tuple[float, float, float, float] = _NO_DEMAND
     since: float = 0.0
     cumulative: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
-
-    def at(self, now: float) -> tuple[float, float, float, float]:
-        dt = max(0.0, now - self.since)
-        c, f = self.cumulative, self.fractions
-        return (c[0] + f[0] * dt, c[1] + f[1] * dt, c[2] + f[2] * dt, c[3] + f[3] * dt)
+    # When idle or demand last changed while `fractions` may no longer match them; None: current
+    stale_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -273,7 +275,7 @@ class IdleAccountant:
         out: dict[tuple[str, str, str], float] = dict(self._offline.totals(now))
         for (flavor, domain), piece in self._pieces.items():
             share = self._shares.get(flavor)
-            phi = share.at(now) if share is not None else piece.mark
+            phi = self._phi(share, flavor, now) if share is not None else piece.mark
             for i, reason in enumerate(REASONS[:4]):
                 value = piece.done[i] + piece.idle * (phi[i] - piece.mark[i])
                 if value:
@@ -306,8 +308,10 @@ class IdleAccountant:
             self._offline_sum[key] = total
             self._offline.set(key, total, now)
             return
-        share = self._share(flavor, now)
-        phi = share.at(now)
+        share = self._shares.get(flavor)
+        if share is None:
+            share = self._shares[flavor] = _Share(since=now)
+        phi = self._phi(share, flavor, now)
         piece = self._pieces.get((flavor, domain))
         if piece is None:
             piece = self._pieces[(flavor, domain)] = _Piece(0, phi, [0.0, 0.0, 0.0, 0.0])
@@ -319,50 +323,59 @@ class IdleAccountant:
             done[3] += n * (phi[3] - mark[3])
         piece.mark = phi
         piece.idle += delta
-        idle = self._idle_by_flavor.get(flavor, 0) + delta
-        self._idle_by_flavor[flavor] = idle
-        self._reshare_at(share, idle, self._demand_by_flavor.get(flavor), phi, now)
+        self._idle_by_flavor[flavor] = self._idle_by_flavor.get(flavor, 0) + delta
+        share.stale_at = now
 
     def _add_demand(self, entry: tuple[str, DemandCause, int], sign: int, now: float) -> None:
         flavor, cause, gpus = entry
+        self._reshare(flavor, now)  # before the demand moves: what came earlier is folded in
         per = self._demand_by_flavor.setdefault(flavor, {})
         per[cause] = per.get(cause, 0) + sign * gpus
-        if flavor in self._idle_by_flavor:
-            self._reshare(flavor, now)
 
     def _add_absorbed(self, key: tuple[str, str], delta: int, now: float) -> None:
         total = self._absorbed_sum.get(key, 0) + delta
         self._absorbed_sum[key] = total
         self._absorbed.set(key, total, now)
 
-    def _share(self, flavor: str, now: float) -> _Share:
-        share = self._shares.get(flavor)
-        if share is None:
-            share = self._shares[flavor] = _Share(since=now)
-        return share
-
     def _reshare(self, flavor: str, now: float) -> None:
-        share = self._share(flavor, now)
-        idle = self._idle_by_flavor.get(flavor, 0)
-        self._reshare_at(share, idle, self._demand_by_flavor.get(flavor), share.at(now), now)
+        """The flavor's idle GPUs or demand are about to change at `now`: what changed at an
+        earlier moment is folded in first. Nothing to do for a flavor that never had a
+        schedulable idle GPU (its shares start with its first)."""
+        share = self._shares.get(flavor)
+        if share is not None:
+            self._phi(share, flavor, now)
+            share.stale_at = now
 
-    @staticmethod
-    def _reshare_at(
-        share: _Share,
-        idle: int,
-        demand: Mapping[str, int] | None,
-        phi: tuple[float, float, float, float],
-        now: float,
-    ) -> None:
-        """The flavor's shares for `idle` GPUs against `demand`, its integral `phi` (its
-        `share.at(now)`) kept when they change."""
-        if idle > 0 and demand:
-            parts = split(idle, demand)
-            fractions = (parts[0] / idle, parts[1] / idle, parts[2] / idle, parts[3] / idle)
-        else:  # no idle GPU, or no demand for them: all of them (if any) have none
-            fractions = _NO_DEMAND
-        if fractions == share.fractions:
-            return
-        share.cumulative = phi
-        share.since = now
-        share.fractions = fractions
+    def _phi(self, share: _Share, flavor: str, now: float) -> tuple[float, float, float, float]:
+        """The flavor's phi at `now` (no earlier than any change told), after folding in a
+        change of its idle GPUs or demand from an earlier moment: the shares that held from
+        then on are those of the idle and demand as they are now, since nothing changed
+        between that moment and this one (it would have come through here)."""
+        stale_at = share.stale_at
+        if stale_at is not None and now > stale_at:
+            share.stale_at = None
+            idle = self._idle_by_flavor.get(flavor, 0)
+            demand = self._demand_by_flavor.get(flavor)
+            if idle > 0 and demand:
+                parts = split(idle, demand)
+                fractions = (parts[0] / idle, parts[1] / idle, parts[2] / idle, parts[3] / idle)
+            else:  # no idle GPU, or no demand for them: all of them (if any) have none
+                fractions = _NO_DEMAND
+            if fractions != share.fractions:
+                c, f = share.cumulative, share.fractions
+                dt = stale_at - share.since
+                if dt > 0:
+                    share.cumulative = (
+                        c[0] + f[0] * dt,
+                        c[1] + f[1] * dt,
+                        c[2] + f[2] * dt,
+                        c[3] + f[3] * dt,
+                    )
+                share.since = stale_at
+                share.fractions = fractions
+        dt = now - share.since
+        c = share.cumulative
+        if dt <= 0:
+            return c
+        f = share.fractions
+        return (c[0] + f[0] * dt, c[1] + f[1] * dt, c[2] + f[2] * dt, c[3] + f[3] * dt)
