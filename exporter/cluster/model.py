@@ -66,7 +66,7 @@ from exporter.cluster.reservations import ReservationBook
 from exporter.cluster.timeline import TimelineEntry, timeline_changes
 from exporter.core.findings import FINDINGS_ANNOTATION
 from exporter.sources.ec2_events import ScheduledEvent
-from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY, INSTANCE_TYPE_KEY
+from exporter.topology.labels import DEEP_HEALTH_CHECK_KEY, INSTANCE_TYPE_KEY, PLACEMENT_KEYS
 from exporter.topology.locality import Locality, locality
 from exporter.topology.tree import Placement, TopologyTree
 
@@ -217,6 +217,9 @@ class ClusterModel:
         self.elastic = ElasticBook()
         self.idle = IdleAccountant()
         self._node_flavor: dict[str, str] = {}
+        # The labels a node's place or flavor is read from (`_put_node`): PLACEMENT_KEYS and
+        # every key a ResourceFlavor selects on.
+        self._placing_keys = PLACEMENT_KEYS
         # Told when a workload finishes (deleted=False) or is deleted (True) while this model
         # watches: the history feed keeps its explain view. A workload already finished in a
         # kind's first list is not news (whoever watched it finish wrote it).
@@ -375,18 +378,23 @@ class ClusterModel:
     def _put_node(self, name: str, node: Node, now: float) -> None:
         old = self.nodes.get(name)
         self.nodes[name] = node
-        relabelled = old is None or old.labels != node.labels
-        # The agent's EFA findings (rewritten every few minutes) move no placement answer.
-        if old is None or _PLACEMENT_FIELDS(old) != _PLACEMENT_FIELDS(node):
-            self._nodes_epoch += 1
-        if relabelled:
+        if old is None or old.labels != node.labels:
             self._labels_epoch += 1
-        if (
-            old is None
-            or relabelled
-            or old.allocatable_gpus != node.allocatable_gpus
-            or old.schedulable != node.schedulable
-            or old.unavailable != node.unavailable
+            self._nodes_epoch += 1
+            # HyperPod's health label flips on every reboot it plans: a change to no label a
+            # node's place or flavor is read from moves neither (only what `set_state` does).
+            placed = old is not None and self._placing_keys.isdisjoint(
+                {key for key, _ in set(old.labels).symmetric_difference(node.labels)}
+            )
+            if not placed:
+                self._node_flavor[name] = idle.flavor_of(node, self.flavors.values())
+        else:
+            placed = True
+            # The agent's EFA findings (rewritten every few minutes) move no placement answer.
+            if _PLACEMENT_FIELDS(old) != _PLACEMENT_FIELDS(node):
+                self._nodes_epoch += 1
+        if not placed or not self.tree.set_state(
+            name, node.allocatable_gpus, node.schedulable, available=not node.unavailable
         ):
             self.tree.set_node(
                 name,
@@ -395,8 +403,6 @@ class ClusterModel:
                 node.schedulable,
                 available=not node.unavailable,
             )
-        if relabelled:
-            self._node_flavor[name] = idle.flavor_of(node, self.flavors.values())
         self._idle_node(name, now)
 
     # --- EC2 scheduled events ----------------------------------------------------------------
@@ -580,6 +586,9 @@ class ClusterModel:
         else:
             flavor = parse_resource_flavor(obj)
             self.flavors[flavor.name] = flavor
+        self._placing_keys = PLACEMENT_KEYS.union(
+            *({key for key, _ in f.node_labels} for f in self.flavors.values())
+        )
         for name, node in self.nodes.items():  # rare: which flavor selects a node may change
             self._node_flavor[name] = idle.flavor_of(node, self.flavors.values())
             self._idle_node(name, now)

@@ -45,6 +45,20 @@ DEEP_HEALTH_UNAVAILABLE: frozenset[str] = frozenset({"InProgress", "Failed"})
 PROVIDER_ID_PREFIX = "aws:///"
 _LEGACY_INSTANCE_TYPE_KEY = "beta.kubernetes.io/instance-type"
 
+# Every label `Placement.from_labels` reads: a change to any other label (HyperPod's health
+# status, say) leaves a node where it was, which the cluster model uses to skip re-placing it.
+PLACEMENT_KEYS: frozenset[str] = frozenset(
+    {
+        REGION_KEY,
+        ZONE_KEY,
+        *LAYER_KEYS,
+        ULTRASERVER_KEY,
+        INSTANCE_TYPE_KEY,
+        _LEGACY_INSTANCE_TYPE_KEY,
+        HOSTNAME_KEY,
+    }
+)
+
 LABEL_KEY_OF_LEVEL: dict[str, str] = {
     "region": REGION_KEY,
     "zone": ZONE_KEY,

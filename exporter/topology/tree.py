@@ -230,6 +230,27 @@ class TopologyTree:
         self._nodes[name] = self._attach(name, placement, allocatable, schedulable, available)
         self._version += 1
 
+    def set_state(
+        self, name: str, allocatable_gpus: int, schedulable: bool, available: bool = True
+    ) -> bool:
+        """`set_node` for a node whose place is unchanged (no label `Placement.from_labels`
+        reads moved): its capacity and schedulability only, without re-reading its labels.
+        False, and nothing done, when the node is not known."""
+        node = self._nodes.get(name)
+        if node is None:
+            return False
+        allocatable = _whole_gpus(allocatable_gpus, name)
+        schedulable = bool(schedulable)
+        available = bool(available)
+        if (
+            node.allocatable != allocatable
+            or node.schedulable != schedulable
+            or node.available != available
+        ):
+            self._reweigh(name, node, allocatable, schedulable, available)
+            self._version += 1
+        return True
+
     def remove_node(self, name: str) -> None:
         """Forget a node; GPU use recorded against its name stays for its pods to release."""
         node = self._nodes.pop(name, None)

@@ -134,6 +134,49 @@ def test_locality_cache_is_invalidated_when_pods_move() -> None:
     assert model.locality_of(state).nodes == ("n1", "n4")
 
 
+def test_a_relabelled_node_moves_only_when_a_label_it_is_placed_by_moved() -> None:
+    """HyperPod's health label flips at every reboot it plans: the node's GPUs stop counting
+    free, its place and flavor stay. A label a ResourceFlavor selects on moves its flavor, a
+    network-node label its place (the model re-reads only what such labels decide)."""
+    model = ClusterModel()
+    two_domain_cluster(model)
+    reserved = {
+        "apiVersion": s.KUEUE_V1BETA2,
+        "kind": "ResourceFlavor",
+        "metadata": {"name": "reserved", "resourceVersion": "1"},
+        "spec": {"nodeLabels": {"example.com/pool": "reserved"}},
+    }
+    model.apply("ResourceFlavor", "ADDED", kueue(reserved), T0)
+    layer3 = "network-node-layer-3"
+    assert model.node_flavor("n1") == "ml.p5.48xlarge"
+
+    health = "UnschedulablePendingReboot"
+    flipped = s.node("n1", ("nn-top", "nn-mid", "nn-a"), health=health, rv="2")
+    model.apply("Node", "MODIFIED", flipped, T0 + 1)
+    assert model.tree.usage(layer3, "nn-a").free == 8
+    assert model.tree.usage(layer3, "nn-a").unschedulable == 8
+    assert model.idle.idle_now()["health"] == 8
+    assert model.node_flavor("n1") == "ml.p5.48xlarge"
+
+    pooled = s.node("n1", ("nn-top", "nn-mid", "nn-a"), rv="3")
+    pooled["metadata"]["labels"]["example.com/pool"] = "reserved"
+    model.apply("Node", "MODIFIED", pooled, T0 + 2)
+    assert model.node_flavor("n1") == "reserved"
+    assert model.tree.usage(layer3, "nn-a").free == 16
+    assert model.idle.idle_now()["health"] == 0
+
+    moved = s.node("n1", ("nn-top", "nn-mid", "nn-b"), health=health, rv="4")
+    moved["metadata"]["labels"]["example.com/pool"] = "reserved"
+    model.apply("Node", "MODIFIED", moved, T0 + 3)
+    place = model.tree.placement("n1")
+    assert place is not None and place.layers == ("nn-top", "nn-mid", "nn-b")
+    assert model.tree.usage(layer3, "nn-a").free == 8
+    assert model.tree.usage(layer3, "nn-b").unschedulable == 8
+    totals = model.idle.totals(T0 + 4)
+    assert totals[("reserved", "nn-a", "no_demand")] == 8.0  # T0+2 to T0+3, in nn-a
+    assert totals[("reserved", "nn-b", "health")] == 8.0  # T0+3 to T0+4, in nn-b
+
+
 def test_both_tas_assignment_forms_give_the_same_view() -> None:
     views = []
     for v1beta1 in (False, True):
