@@ -170,6 +170,15 @@ class _Share:
     # When idle or demand last changed while `fractions` may no longer match them; None: current
     stale_at: float | None = None
 
+    def at(self, now: float) -> tuple[float, float, float, float]:
+        """phi at `now`, with `fractions` as they are (folded in or not: see `_fold`)."""
+        dt = now - self.since
+        c = self.cumulative
+        if dt <= 0:
+            return c
+        f = self.fractions
+        return (c[0] + f[0] * dt, c[1] + f[1] * dt, c[2] + f[2] * dt, c[3] + f[3] * dt)
+
 
 @dataclass(slots=True)
 class _Piece:
@@ -229,10 +238,14 @@ class IdleAccountant:
         old = self._nodes.get(name)
         if old is None:
             return False
-        idle = max(0, idle)
-        if old[3] != idle:
-            self._nodes[name] = (old[0], old[1], old[2], idle)
-            self._move(old[0], old[1], old[2], idle - old[3], self._clock(now))
+        flavor, domain, state, before = old
+        if idle < 0:
+            idle = 0
+        if idle != before:
+            self._nodes[name] = (flavor, domain, state, idle)
+            if now > self._latest:  # `_clock`, in line
+                self._latest = now
+            self._move(flavor, domain, state, idle - before, self._latest)
         return True
 
     def remove_node(self, name: str, now: float) -> None:
@@ -311,7 +324,10 @@ class IdleAccountant:
         share = self._shares.get(flavor)
         if share is None:
             share = self._shares[flavor] = _Share(since=now)
-        phi = self._phi(share, flavor, now)
+        stale_at = share.stale_at
+        if stale_at is not None and now > stale_at:
+            self._fold(share, flavor, stale_at)
+        phi = share.cumulative if now <= share.since else share.at(now)
         piece = self._pieces.get((flavor, domain))
         if piece is None:
             piece = self._pieces[(flavor, domain)] = _Piece(0, phi, [0.0, 0.0, 0.0, 0.0])
@@ -346,36 +362,28 @@ class IdleAccountant:
             self._phi(share, flavor, now)
             share.stale_at = now
 
+    def _fold(self, share: _Share, flavor: str, stale_at: float) -> None:
+        """Fold in the change of the flavor's idle GPUs or demand made at `stale_at`,
+        when asked at a later moment: the shares that held from then on are those of the idle
+        and demand as they are now, since nothing changed in between (it would have come
+        through `_move` or `_reshare`, which fold first)."""
+        share.stale_at = None
+        idle = self._idle_by_flavor.get(flavor, 0)
+        demand = self._demand_by_flavor.get(flavor)
+        if idle > 0 and demand:
+            parts = split(idle, demand)
+            fractions = (parts[0] / idle, parts[1] / idle, parts[2] / idle, parts[3] / idle)
+        else:  # no idle GPU, or no demand for them: all of them (if any) have none
+            fractions = _NO_DEMAND
+        if fractions != share.fractions:
+            share.cumulative = share.at(stale_at)
+            share.since = stale_at
+            share.fractions = fractions
+
     def _phi(self, share: _Share, flavor: str, now: float) -> tuple[float, float, float, float]:
-        """The flavor's phi at `now` (no earlier than any change told), after folding in a
-        change of its idle GPUs or demand from an earlier moment: the shares that held from
-        then on are those of the idle and demand as they are now, since nothing changed
-        between that moment and this one (it would have come through here)."""
+        """The flavor's phi at `now` (no earlier than any change told), what changed at an
+        earlier moment folded in first."""
         stale_at = share.stale_at
         if stale_at is not None and now > stale_at:
-            share.stale_at = None
-            idle = self._idle_by_flavor.get(flavor, 0)
-            demand = self._demand_by_flavor.get(flavor)
-            if idle > 0 and demand:
-                parts = split(idle, demand)
-                fractions = (parts[0] / idle, parts[1] / idle, parts[2] / idle, parts[3] / idle)
-            else:  # no idle GPU, or no demand for them: all of them (if any) have none
-                fractions = _NO_DEMAND
-            if fractions != share.fractions:
-                c, f = share.cumulative, share.fractions
-                dt = stale_at - share.since
-                if dt > 0:
-                    share.cumulative = (
-                        c[0] + f[0] * dt,
-                        c[1] + f[1] * dt,
-                        c[2] + f[2] * dt,
-                        c[3] + f[3] * dt,
-                    )
-                share.since = stale_at
-                share.fractions = fractions
-        dt = now - share.since
-        c = share.cumulative
-        if dt <= 0:
-            return c
-        f = share.fractions
-        return (c[0] + f[0] * dt, c[1] + f[1] * dt, c[2] + f[2] * dt, c[3] + f[3] * dt)
+            self._fold(share, flavor, stale_at)
+        return share.at(now)
