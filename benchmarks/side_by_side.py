@@ -157,9 +157,9 @@ def count(tree: Path, nodes: int, events: int, work: Path) -> float:
 SLICE_DRIVER = (
     BUILD
     + r"""
-kind = sys.argv[3]
-if kind:
-    stream = [e for e in stream if e[0] == kind]
+kinds = set(filter(None, sys.argv[3].split(",")))
+if kinds:
+    stream = [e for e in stream if e[0] in kinds]
 gc.collect(); gc.freeze()
 print("ready", len(stream), flush=True)
 at = 0
@@ -236,7 +236,9 @@ def main() -> None:
         help="build both models once and time PAIRS slices of the stream each, in turn, on the "
         "CPU clock (30 is plenty); with --kind, one kind's events only",
     )
-    parser.add_argument("--kind", default="", help="with --interleaved: Pod, Workload or Node")
+    parser.add_argument(
+        "--kind", default="", help="with --interleaved: Pod, Workload or Node, or a comma list"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="topowatch-base-") as tmp:
         base = Path(tmp) / "tree"
