@@ -636,17 +636,21 @@ class ClusterModel:
             return
         place_of = self.tree.placement(name)
         domain = place_of.layers[-1] if place_of is not None and place_of.layers else ""
-        free = node.allocatable_gpus - self.tree.node_used(name)
         flavor = self._node_flavor.get(name, "")
-        self.idle.set_node(name, flavor, domain, idle.node_state(node), free, now)
+        self.idle.set_node(
+            name,
+            flavor,
+            domain,
+            idle.node_state(node),
+            node.allocatable_gpus,
+            self.tree.node_used(name),
+            now,
+        )
 
     def _idle_used(self, name: str, now: float) -> None:
         """Only the pods on `name` changed: its idle GPUs, the rest as `_idle_node` last said
         (every change of a node's labels, state or flavor goes through `_idle_node`)."""
-        node = self.nodes.get(name)
-        if node is not None and not self.idle.set_idle(
-            name, node.allocatable_gpus - self.tree.node_used(name), now
-        ):
+        if not self.idle.set_used(name, self.tree.node_used(name), now):
             self._idle_node(name, now)
 
     def _idle_demand(self, workload: Workload, now: float) -> None:

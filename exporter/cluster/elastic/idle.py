@@ -187,6 +187,31 @@ class _Piece:
     done: list[float]
 
 
+class _NodeIdle:
+    """One node as last told: where its idle GPUs count, and (while it is schedulable) the
+    piece of its (flavor, domain) they count in, held here so that a Pod event, which moves
+    only its idle GPUs (`set_used`), finds everything it touches in one object."""
+
+    __slots__ = ("allocatable", "domain", "flavor", "idle", "piece", "share", "state")
+
+    def __init__(
+        self,
+        flavor: str,
+        domain: str,
+        state: NodeState,
+        allocatable: int,
+        piece: _Piece | None,
+        share: _Share | None,
+    ) -> None:
+        self.flavor = flavor
+        self.domain = domain
+        self.state: NodeState = state
+        self.allocatable = allocatable
+        self.idle = 0
+        self.piece = piece  # None unless schedulable
+        self.share = share  # its flavor's, None unless schedulable
+
+
 class IdleAccountant:
     """Idle GPU-seconds by (flavor, domain, reason) and absorbed GPU-seconds by (flavor, team).
 
@@ -195,7 +220,7 @@ class IdleAccountant:
     Times must not go backwards; an earlier `now` is treated as the latest seen."""
 
     def __init__(self) -> None:
-        self._nodes: dict[str, tuple[str, str, NodeState, int]] = {}
+        self._nodes: dict[str, _NodeIdle] = {}
         self._offline: Integrator[tuple[str, str, str]] = Integrator()
         self._offline_sum: dict[tuple[str, str, str], int] = {}
         self._pieces: dict[tuple[str, str], _Piece] = {}
@@ -216,42 +241,65 @@ class IdleAccountant:
     # --- what changed ---------------------------------------------------------------------
 
     def set_node(
-        self, name: str, flavor: str, domain: str, state: NodeState, idle: int, now: float
+        self,
+        name: str,
+        flavor: str,
+        domain: str,
+        state: NodeState,
+        allocatable: int,
+        used: int,
+        now: float,
     ) -> None:
+        """The node's place (flavor, domain), state, allocatable and used GPUs: its idle GPUs
+        are what its pods leave of its allocatable."""
         now = self._clock(now)
-        entry = (flavor, domain, state, max(0, idle))
-        old = self._nodes.get(name)
-        if old == entry:
-            return
-        self._nodes[name] = entry
-        if old is not None:
-            if old[:3] == entry[:3]:  # only its idle GPUs changed: one move, not two
-                self._move(flavor, domain, state, entry[3] - old[3], now)
-                return
-            self._move(old[0], old[1], old[2], -old[3], now)
-        self._move(flavor, domain, state, entry[3], now)
+        entry = self._nodes.get(name)
+        if (
+            entry is None
+            or entry.flavor != flavor
+            or entry.domain != domain
+            or entry.state != state
+        ):
+            if entry is not None:  # it leaves its old place
+                self._move(entry, -entry.idle, now)
+            if state == "schedulable":
+                share = self._shares.get(flavor)
+                if share is None:
+                    share = self._shares[flavor] = _Share(since=now)
+                piece = self._pieces.get((flavor, domain))
+                if piece is None:
+                    piece = self._pieces[(flavor, domain)] = _Piece(0, share.at(now), [0.0] * 4)
+                entry = _NodeIdle(flavor, domain, state, allocatable, piece, share)
+            else:
+                entry = _NodeIdle(flavor, domain, state, allocatable, None, None)
+            self._nodes[name] = entry
+        entry.allocatable = allocatable
+        self._set_idle(entry, allocatable - used, now)
 
-    def set_idle(self, name: str, idle: int, now: float) -> bool:
-        """Only the node's idle GPUs changed (its pods moved; its flavor, domain and state are
-        as last told): the cheap path of `set_node` for every Pod event. False, and nothing
-        done, when the node was never told."""
-        old = self._nodes.get(name)
-        if old is None:
+    def set_used(self, name: str, used: int, now: float) -> bool:
+        """Only the GPUs the node's pods use changed (its place, state and allocatable are as
+        last told): the cheap path of `set_node`, for every Pod event. False, and nothing done,
+        when the node was never told."""
+        entry = self._nodes.get(name)
+        if entry is None:
             return False
-        flavor, domain, state, before = old
-        if idle < 0:
-            idle = 0
-        if idle != before:
-            self._nodes[name] = (flavor, domain, state, idle)
-            if now > self._latest:  # `_clock`, in line
-                self._latest = now
-            self._move(flavor, domain, state, idle - before, self._latest)
+        if now > self._latest:  # `_clock`, in line
+            self._latest = now
+        self._set_idle(entry, entry.allocatable - used, self._latest)
         return True
 
+    def _set_idle(self, entry: _NodeIdle, idle: int, now: float) -> None:
+        if idle < 0:
+            idle = 0
+        delta = idle - entry.idle
+        if delta:
+            entry.idle = idle
+            self._move(entry, delta, now)
+
     def remove_node(self, name: str, now: float) -> None:
-        old = self._nodes.pop(name, None)
-        if old is not None:
-            self._move(old[0], old[1], old[2], -old[3], self._clock(now))
+        entry = self._nodes.pop(name, None)
+        if entry is not None:
+            self._move(entry, -entry.idle, self._clock(now))
 
     def set_demand(
         self, key: Hashable, flavor: str, cause: DemandCause, gpus: int, now: float
@@ -311,27 +359,22 @@ class IdleAccountant:
 
     # --- bookkeeping ----------------------------------------------------------------------
 
-    def _move(self, flavor: str, domain: str, state: NodeState, delta: int, now: float) -> None:
-        """`delta` idle GPUs join (+) or leave (-) the (flavor, domain) of nodes in `state`."""
-        if not delta:
-            return
-        if state != "schedulable":
-            key = (flavor, domain, state)
+    def _move(self, entry: _NodeIdle, delta: int, now: float) -> None:
+        """`delta` idle GPUs join (+) or leave (-) where the node's count: its piece of its
+        flavor's shares while schedulable, else the (flavor, domain) of nodes in its state."""
+        piece, share = entry.piece, entry.share
+        if piece is None or share is None:
+            key = (entry.flavor, entry.domain, entry.state)
             total = self._offline_sum.get(key, 0) + delta
             self._offline_sum[key] = total
             self._offline.set(key, total, now)
             return
-        share = self._shares.get(flavor)
-        if share is None:
-            share = self._shares[flavor] = _Share(since=now)
+        flavor = entry.flavor
         stale_at = share.stale_at
         if stale_at is not None and now > stale_at:
             self._fold(share, flavor, stale_at)
         phi = share.cumulative if now <= share.since else share.at(now)
-        piece = self._pieces.get((flavor, domain))
-        if piece is None:
-            piece = self._pieces[(flavor, domain)] = _Piece(0, phi, [0.0, 0.0, 0.0, 0.0])
-        elif piece.idle and piece.mark != phi:  # the piece's integral, closed up to now
+        if piece.idle and piece.mark != phi:  # the piece's integral, closed up to now
             n, mark, done = piece.idle, piece.mark, piece.done
             done[0] += n * (phi[0] - mark[0])
             done[1] += n * (phi[1] - mark[1])
