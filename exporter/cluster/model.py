@@ -383,9 +383,7 @@ class ClusterModel:
             self._nodes_epoch += 1
             # HyperPod's health label flips on every reboot it plans: a change to no label a
             # node's place or flavor is read from moves neither (only what `set_state` does).
-            placed = old is not None and self._placing_keys.isdisjoint(
-                {key for key, _ in set(old.labels).symmetric_difference(node.labels)}
-            )
+            placed = old is not None and _same_at(old.labels, node.labels, self._placing_keys)
             if not placed:
                 self._node_flavor[name] = idle.flavor_of(node, self.flavors.values())
         else:
@@ -1333,6 +1331,20 @@ def _namespace(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
     ns = meta.get("namespace", "") if type(meta) is dict or isinstance(meta, Mapping) else ""
     return ns if isinstance(ns, str) else ""
+
+
+def _same_at(
+    old: tuple[tuple[str, str], ...], new: tuple[tuple[str, str], ...], keys: frozenset[str]
+) -> bool:
+    """Whether two nodes' labels (sorted (key, value) pairs, as `Node.labels`) agree on every
+    key in `keys`. A label added or removed anywhere answers False (cheaper than finding out
+    where): only an equal key set is compared pair by pair."""
+    if len(old) != len(new):
+        return False
+    for a, b in zip(old, new, strict=True):
+        if a != b and (a[0] in keys or b[0] in keys):
+            return False
+    return True
 
 
 def _evidence(obj: Mapping[str, Any] | None) -> tuple[int | None, int | None] | None:
