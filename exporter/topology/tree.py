@@ -218,13 +218,7 @@ class TopologyTree:
         node = self._nodes.get(name)
         if node is not None:
             if node.placement == placement:
-                if (
-                    node.allocatable != allocatable
-                    or node.schedulable != schedulable
-                    or node.available != available
-                ):
-                    self._reweigh(name, node, allocatable, schedulable, available)
-                    self._version += 1
+                self._restate(name, node, allocatable, schedulable, available)
                 return
             self._detach(name, node)
         self._nodes[name] = self._attach(name, placement, allocatable, schedulable, available)
@@ -239,9 +233,15 @@ class TopologyTree:
         node = self._nodes.get(name)
         if node is None:
             return False
-        allocatable = _whole_gpus(allocatable_gpus, name)
-        schedulable = bool(schedulable)
-        available = bool(available)
+        self._restate(
+            name, node, _whole_gpus(allocatable_gpus, name), bool(schedulable), bool(available)
+        )
+        return True
+
+    def _restate(
+        self, name: str, node: _Node, allocatable: int, schedulable: bool, available: bool
+    ) -> None:
+        """A node stays where it is: reweigh it where its capacity or schedulability moved."""
         if (
             node.allocatable != allocatable
             or node.schedulable != schedulable
@@ -249,7 +249,6 @@ class TopologyTree:
         ):
             self._reweigh(name, node, allocatable, schedulable, available)
             self._version += 1
-        return True
 
     def remove_node(self, name: str) -> None:
         """Forget a node; GPU use recorded against its name stays for its pods to release."""
