@@ -43,6 +43,7 @@ from exporter.cluster.objects import (
     KueueTopology,
     LocalQueue,
     Node,
+    ObjectKey,
     Pod,
     PodSetRequest,
     PriorityClass,
@@ -130,7 +131,11 @@ class ChangeObserver(Protocol):
     """Told of each watch event once the model has applied it (exporter.cluster.goodput's
     `GoodputBook`: the interruption and GPU-second ledgers read the model from there)."""
 
-    def observe(self, kind: str, event_type: str, obj: Mapping[str, Any], now: float) -> None: ...
+    def observe(
+        self, kind: str, event_type: str, obj: Mapping[str, Any], key: ObjectKey, now: float
+    ) -> None:
+        """`key` is the object's as the model derived it (`_object_key`), so a listener need
+        not read the object's metadata again."""
 
 
 @dataclass(slots=True)
@@ -318,7 +323,7 @@ class ClusterModel:
             log.exception("cluster model failed on %s %s", kind, key)
         if self.observer is not None:
             try:
-                self.observer.observe(kind, event_type, obj, now)
+                self.observer.observe(kind, event_type, obj, key, now)
             except Exception as exc:  # nor may a bug of whoever listens
                 self._problem(kind, "observer", f"{kind} {key}: {type(exc).__name__}: {exc}")
                 log.exception("cluster model observer failed on %s %s", kind, key)
@@ -1304,7 +1309,7 @@ def is_pending(workload: Workload) -> bool:
 
 # These run for every event: `type(x) is dict` first, since isinstance against the Mapping ABC
 # costs a Python-level __instancecheck__ call each time.
-def _object_key(obj: Mapping[str, Any]) -> Any:
+def _object_key(obj: Mapping[str, Any]) -> ObjectKey | None:
     meta = obj.get("metadata")
     if type(meta) is not dict and not isinstance(meta, Mapping):
         return None

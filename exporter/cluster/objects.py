@@ -22,6 +22,10 @@ PODS_RESOURCE = "pods"  # the node's pod limit; Kueue counts one per pod (resour
 # rounded up for everything else (bytes of memory, GPUs). Sorted by resource name.
 Resources = tuple[tuple[str, int], ...]
 
+# How the cluster model keys an object: (namespace, name) for a namespaced one, its name alone
+# for a cluster-scoped one (a Node, a ClusterQueue).
+ObjectKey = tuple[str, str] | str
+
 
 def amount_of(resources: Resources, resource: str) -> int:
     """One resource's amount, 0 when absent."""

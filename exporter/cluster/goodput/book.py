@@ -59,6 +59,7 @@ from exporter.cluster.objects import (
     GPU_RESOURCE,
     ClusterQueue,
     Node,
+    ObjectKey,
     Pod,
     ResourceFlavor,
     Workload,
@@ -209,8 +210,10 @@ class GoodputBook:
         self._model = model
         model.observer = self
 
-    def observe(self, kind: str, event_type: str, obj: Mapping[str, Any], now: float) -> None:
-        """One watch event the model has applied."""
+    def observe(
+        self, kind: str, event_type: str, obj: Mapping[str, Any], key: ObjectKey, now: float
+    ) -> None:
+        """One watch event the model has applied; `key` as the model keys the object."""
         if self._model is None or kind not in OBSERVED_KINDS:
             return
         if now > self._latest:
@@ -218,27 +221,15 @@ class GoodputBook:
             self._latest_ms = to_ms(now)
         else:
             now = self._latest
-        meta = obj.get("metadata") if type(obj) is dict else None
-        if type(meta) is dict:  # what the informers deliver: the usual case, quickly
-            namespace = meta.get("namespace", "")
-            name = meta.get("name", "")
-            key = (
-                namespace if type(namespace) is str else "",
-                name if type(name) is str else "",
-            )
-        else:
-            found = _key_of(obj)
-            if found is None:
-                return
-            key = found
+        pair = ("", key) if isinstance(key, str) else key  # a cluster-scoped one: its name
         if kind == "Pod":
-            self._pod(event_type, key, now)
+            self._pod(event_type, pair, now)
         elif kind == "Workload":
-            self._workload(event_type, key, obj, now)
+            self._workload(event_type, pair, obj, now)
         elif kind == "Node":
-            self._node(event_type, key[1], obj, now)
+            self._node(event_type, pair[1], obj, now)
         elif kind == "HyperPodPyTorchJob":
-            self._owner(event_type, (key[0], "HyperPodPyTorchJob", key[1]), obj)
+            self._owner(event_type, (pair[0], "HyperPodPyTorchJob", pair[1]), obj)
         elif kind == "ResourceFlavor":
             self._reflavor(now)
         else:  # an Event
@@ -1115,29 +1106,6 @@ class GoodputBook:
                     fact.job = None
                     self._set_slot(fact, self._slot(fact))
             self._judged_epoch.pop(key, None)
-
-
-def _key_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """An object's (namespace, name), "" for either when absent or not a string; None when it
-    has no metadata."""
-    if type(obj) is dict:  # what the informers deliver: the usual case, quickly
-        meta = obj.get("metadata")
-        if type(meta) is dict:
-            name = meta.get("name")
-            namespace = meta.get("namespace")
-            return (
-                namespace if type(namespace) is str else "",
-                name if type(name) is str else "",
-            )
-    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    if not isinstance(meta, Mapping):
-        return None
-    name = meta.get("name")
-    namespace = meta.get("namespace")
-    return (
-        namespace if isinstance(namespace, str) else "",
-        name if isinstance(name, str) else "",
-    )
 
 
 def _ordinal(entry_id: str) -> int:

@@ -349,8 +349,16 @@ class GpuSecondLedger:
         b.used += gpus
         # Each node settled at once where its cells are current (the common case), else
         # marked: the same cells and counts `_settle` would reach at this moment.
-        idle_a = self._used_moved(a, ms)
-        idle_b = self._used_moved(b, ms)
+        if a.dirty or a.free_cell is None:
+            self._mark(a)
+            idle_a = 0
+        else:
+            idle_a = self._count(a, ms)
+        if b.dirty or b.free_cell is None:
+            self._mark(b)
+            idle_b = 0
+        else:
+            idle_b = self._count(b, ms)
         if a.flavor == b.flavor:
             if idle_a + idle_b:
                 self._idle_moved(a.flavor, idle_a + idle_b)
@@ -359,15 +367,6 @@ class GpuSecondLedger:
                 self._idle_moved(a.flavor, idle_a)
             if idle_b:
                 self._idle_moved(b.flavor, idle_b)
-
-    def _used_moved(self, node: _Node, ms: int) -> int:
-        """`_settle` at once for a node whose pods' GPUs alone changed since it was last
-        settled (its cells are current): `_count`. A node already marked, or never settled,
-        is marked instead (and 0 returned)."""
-        if node.dirty or node.free_cell is None:
-            self._mark(node)
-            return 0
-        return self._count(node, ms)
 
     def flush(self) -> None:
         """Settle what changed at the latest moment, at that moment: the marked nodes, then
