@@ -7,9 +7,7 @@ why is this one pending, and does the service keep answering when the API server
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -19,20 +17,20 @@ from typing import Any
 import pytest
 
 from exporter.cluster.informers import WATCHED
-from exporter.cluster.run import explain_live, kube_api_client, serve_cluster
-from exporter.cluster.service import ClusterService
+from exporter.cluster.run import explain_live
 from exporter.sim.cluster import ClusterShape, SimulatedCluster
 from exporter.sim.kubeapi.server import Exchange, FakeApiServer, ObjectStore
 from healthcheck.remediation.controller import RemediationController
 from tests.cluster.test_informers import newest_rv_served, served_410
-from tests.conftest import free_port, promtool_lint
+from tests.conftest import free_port, promtool_lint, serving
 
 L3 = "topology.k8s.aws/network-node-layer-3"
 NS = "hyperpod-ns-a"
 
 
 class RunningService:
-    """serve_cluster in a thread, stopped through its asyncio event."""
+    """serve_cluster in a thread (`tests.conftest.serving`), for tests that start and stop it
+    outside a `with` block; `get` reads its HTTP API."""
 
     def __init__(
         self,
@@ -41,31 +39,13 @@ class RunningService:
         quota_min_observed_s: float = 0,
         controller: RemediationController | None = None,
     ) -> None:
-        self.port = 0
-        self.service: ClusterService | None = None
-        self._stop = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._started = threading.Event()
-
-        def started(port: int, service: ClusterService) -> None:
-            self.port, self.service = port, service
-            self._loop = asyncio.get_running_loop()
-            self._started.set()
-
-        self._thread = threading.Thread(
-            target=serve_cluster,
-            args=(kube_api_client(url), "127.0.0.1", 0),
-            kwargs={
-                "workload_cap": workload_cap,
-                "on_started": started,
-                "stop": self._stop,
-                "quota_min_observed_s": quota_min_observed_s,
-                "controller": controller,
-            },
-            daemon=True,
+        self._serving = serving(
+            url,
+            workload_cap=workload_cap,
+            quota_min_observed_s=quota_min_observed_s,
+            controller=controller,
         )
-        self._thread.start()
-        assert self._started.wait(10), "cluster service did not start"
+        self.port, self.service = self._serving.__enter__()
 
     @property
     def base(self) -> str:
@@ -82,10 +62,7 @@ class RunningService:
         return status, body
 
     def stop(self) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(15)
-        assert not self._thread.is_alive(), "cluster service did not stop"
+        self._serving.__exit__(None, None, None)
 
 
 def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str = "") -> Any:
