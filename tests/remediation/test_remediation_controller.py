@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +18,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from exporter.cluster.run import kube_api_client, serve_cluster
+from exporter.cluster.run import kube_api_client
 from exporter.cluster.service import ClusterService
 from exporter.core.findings import FINDINGS_ANNOTATION
 from exporter.core.provenance import AGENT_FIELD_MANAGER, agent_entry
@@ -32,6 +31,7 @@ from healthcheck.remediation.providers.base import ActionRequest, ActionResult
 from healthcheck.remediation.providers.hyperpod import HyperPodLabeler
 from healthcheck.remediation.state import ANNOTATION as STATE
 from healthcheck.remediation.state import RemediationState, dump_state, parse_state
+from tests.conftest import serving
 
 HEALTH = "sagemaker.amazonaws.com/node-health-status"
 T0 = 1_750_000_000.0
@@ -319,30 +319,12 @@ TOKEN = "s3cret-token"
 
 
 class Served:
+    """The cluster service with `controller` and the alert token (`tests.conftest.serving`,
+    held open until `stop`); `call` sends an authenticated request."""
+
     def __init__(self, url: str, controller: RemediationController) -> None:
-        self.port = 0
-        self._stop = asyncio.Event()
-        self._started = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-        def started(port: int, _: ClusterService) -> None:
-            self.port = port
-            self._loop = asyncio.get_running_loop()
-            self._started.set()
-
-        self._thread = threading.Thread(
-            target=serve_cluster,
-            args=(kube_api_client(url), "127.0.0.1", 0),
-            kwargs={
-                "on_started": started,
-                "stop": self._stop,
-                "controller": controller,
-                "alerts_token": TOKEN,
-            },
-            daemon=True,
-        )
-        self._thread.start()
-        assert self._started.wait(10)
+        self._serving = serving(url, controller=controller, alerts_token=TOKEN)
+        self.port, _ = self._serving.__enter__()
 
     def call(
         self, method: str, path: str, body: bytes | None = None, token: str | None = TOKEN
@@ -358,9 +340,7 @@ class Served:
             return exc.code, json.load(exc)
 
     def stop(self) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(15)
+        self._serving.__exit__(None, None, None)
 
 
 def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
