@@ -362,6 +362,8 @@ class IdleAccountant:
     def _move(self, entry: _NodeIdle, delta: int, now: float) -> None:
         """`delta` idle GPUs join (+) or leave (-) where the node's count: its piece of its
         flavor's shares while schedulable, else the (flavor, domain) of nodes in its state."""
+        if not delta:  # (a node with no idle GPUs leaving its place, or removed)
+            return
         piece, share = entry.piece, entry.share
         if piece is None or share is None:
             key = (entry.flavor, entry.domain, entry.state)
