@@ -6,7 +6,7 @@ other model read.
 
     book = GoodputBook(GoodputConfig(checkpoint_key="topowatch.io/last-checkpoint",
                                      repeat_findings=2, repeat_window_s=7 * 86400))
-    book.attach(model)      # model.observer = book: model calls book.observe(kind, type, obj, now)
+    book.attach(model)      # model.observer = book: book.observe(kind, type, obj, key, now)
     book.tick(now)          # settles attributions that are due (also done by events)
 
 Part 1, the interruption ledger (`Interruption` and the causes live in `exporter.core.goodput`,

@@ -1,6 +1,6 @@
 """The goodput book: the one object the cluster model feeds and the surfaces read.
 
-The model calls `observe(kind, event_type, obj, now)` after it applied each Node, Pod,
+The model calls `observe(kind, event_type, obj, key, now)` after it applied each Node, Pod,
 Workload, Event and HyperPodPyTorchJob event (`ClusterModel.observer`); the book reads the
 model's parsed objects (through `ModelView`) and the raw object where the model keeps too
 little (every finding of a node, a checkpoint annotation). From that it keeps, per job
