@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from exporter.cluster.elastic.idle import DemandCause
 from exporter.cluster.goodput.attribution import SETTLE_S
 from exporter.cluster.goodput.gpu_seconds import GpuSecondLedger
@@ -18,9 +20,17 @@ from tests.crds import assert_valid_kueue
 Slot = tuple[str, str]
 
 
-def test_a_transfer_is_two_moves_and_a_read_changes_nothing() -> None:
+@pytest.mark.parametrize(
+    "allocatable",
+    [(0, 4, 8), (64, 96, 128)],
+    ids=["nodes over their allocatable", "nodes with room (transfer's written-out case)"],
+)
+def test_a_transfer_is_two_moves_and_a_read_changes_nothing(
+    allocatable: tuple[int, ...],
+) -> None:
     """`transfer` against `move` out and `move` in; one ledger read at random moments (a
-    read settles what is pending), the other only at the end."""
+    read settles what is pending), the other only at the end. Nodes with room for their pods
+    take `transfer`'s written-out case whenever both are settled."""
     rng = random.Random(11)
     a, b = GpuSecondLedger(), GpuSecondLedger()
     now = T0 + 0.5
@@ -37,13 +47,14 @@ def test_a_transfer_is_two_moves_and_a_read_changes_nothing() -> None:
         elif roll < 0.08:
             key, gpus = rng.randrange(4), rng.choice((4, 8, 16))
             cause: DemandCause = rng.choice(("claimable", "topology", "quota"))
+            gone, flavor = rng.random() < 0.2, rng.choice("fg")  # drawn once: both alike
             for ledger in (a, b):
-                if rng.random() < 0.2:
+                if gone:
                     ledger.remove_demand(key, now)
                 else:
-                    ledger.set_demand(key, rng.choice("fg"), cause, gpus, now)
+                    ledger.set_demand(key, flavor, cause, gpus, now)
         elif roll < 0.2:
-            state = (rng.choice("fg"), f"d{rng.randrange(2)}", rng.choice((0, 4, 8)))
+            state = (rng.choice("fg"), f"d{rng.randrange(2)}", rng.choice(allocatable))
             why = rng.choice(("", "", "cordoned", "finding"))
             for ledger in (a, b):
                 ledger.set_node(node, *state, why, now)
