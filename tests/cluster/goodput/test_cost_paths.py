@@ -23,14 +23,14 @@ Slot = tuple[str, str]
 @pytest.mark.parametrize(
     "allocatable",
     [(0, 4, 8), (64, 96, 128)],
-    ids=["nodes over their allocatable", "nodes with room (transfer's written-out case)"],
+    ids=["nodes over their allocatable", "nodes with room for their pods"],
 )
 def test_a_transfer_is_two_moves_and_a_read_changes_nothing(
     allocatable: tuple[int, ...],
 ) -> None:
     """`transfer` against `move` out and `move` in; one ledger read at random moments (a
-    read settles what is pending), the other only at the end. Nodes with room for their pods
-    take `transfer`'s written-out case whenever both are settled."""
+    read settles what is pending), the other only at the end. Only nodes with room for their
+    pods have idle GPUs to split by demand."""
     rng = random.Random(11)
     a, b = GpuSecondLedger(), GpuSecondLedger()
     now = T0 + 0.5
