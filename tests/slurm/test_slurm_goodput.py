@@ -783,8 +783,14 @@ def test_real_requeue_after_the_controllers_replace_is_a_remediation(tmp_path: P
     nodes = ["gpu-1", "gpu-2"]
     addresses = loopback_addresses(nodes)
     agents = FakeAgents(addresses, free_port())
+    # The requeued job starts again at a pass of slurmctld's main scheduling loop when the
+    # pass its update triggers finds gpu-2 still completing: every 60 s by default, as long
+    # as the wait below, so the loop runs every second here.
+    quick = ["SchedulerParameters=sched_interval=1"]
     with (
-        running_slurmctld(tmp_path, nodes, slurmd=True, addresses=addresses) as env,
+        running_slurmctld(
+            tmp_path, nodes, slurmd=True, addresses=addresses, extra_conf=quick
+        ) as env,
         agents.running(),
     ):
         job = subprocess.run(
