@@ -848,6 +848,9 @@ def test_real_requeue_after_the_controllers_replace_is_a_remediation(tmp_path: P
         assert entry.detected_at is not None and entry.action_at is not None
         assert entry.detected_at <= entry.action_at <= entry.stopped_at
         agents.agents["gpu-2"] = Behaviour([])
+        # Slurm's times are whole seconds: the node is back and the job released two seconds
+        # after the requeue, so its wait cannot round away however fast it starts again.
+        time.sleep(2)
         for words in (
             ("update", "nodename=gpu-2", "state=resume"),
             ("update", f"jobid={job}", "starttime=now"),
