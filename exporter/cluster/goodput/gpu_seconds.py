@@ -46,6 +46,7 @@ CATEGORIES: Final = (
 )
 IDLE_REASONS: Final = ("claimable", "topology", "quota", "no_demand")
 HELD: Final = ("running", "restarting", "absorbed")
+_UNSPLIT: Final = (0, 0, 0, 0)  # a flavor's shares before its first split
 K = TypeVar("K", bound=Hashable)
 PartKey = tuple[str, str, str, str]  # (flavor, domain, team, category)
 
@@ -347,18 +348,8 @@ class GpuSecondLedger:
             cell[1] -= gpus * ms
         a.used -= gpus
         b.used += gpus
-        # Each node settled at once where its cells are current (the common case), else
-        # marked: the same cells and counts `_settle` would reach at this moment.
-        if a.dirty or a.free_cell is None:
-            self._mark(a)
-            idle_a = 0
-        else:
-            idle_a = self._count(a, ms)
-        if b.dirty or b.free_cell is None:
-            self._mark(b)
-            idle_b = 0
-        else:
-            idle_b = self._count(b, ms)
+        idle_a = self._used_moved(a, ms)
+        idle_b = self._used_moved(b, ms)
         if a.flavor == b.flavor:
             if idle_a + idle_b:
                 self._idle_moved(a.flavor, idle_a + idle_b)
@@ -367,6 +358,15 @@ class GpuSecondLedger:
                 self._idle_moved(a.flavor, idle_a)
             if idle_b:
                 self._idle_moved(b.flavor, idle_b)
+
+    def _used_moved(self, node: _Node, ms: int) -> int:
+        """Only the GPUs the node's pods use moved: settled at once where its cells are current
+        (the common case: `_count`, the same cells and counts `_settle` would reach at this
+        moment), else marked (and 0 returned). Its change of idle GPUs."""
+        if node.dirty or node.free_cell is None:
+            self._mark(node)
+            return 0
+        return self._count(node, ms)
 
     def flush(self) -> None:
         """Settle what changed at the latest moment, at that moment: the marked nodes, then
@@ -522,7 +522,7 @@ class GpuSecondLedger:
         self._split_idle[flavor] = idle
         demand = self._demand_by_flavor.get(flavor)
         shares = split(idle, demand) if demand else (0, 0, 0, idle if idle > 0 else 0)
-        old = self._split.get(flavor)
+        old = self._split.get(flavor, _UNSPLIT)
         if shares == old:
             return
         cells = self._reason_cells.get(flavor)
@@ -530,8 +530,6 @@ class GpuSecondLedger:
             cells = self._reason_cells[flavor] = tuple(
                 self._reasons.cell((flavor, reason)) for reason in IDLE_REASONS
             )
-            old = (0, 0, 0, 0)
-        assert old is not None
         for cell, before, after in zip(cells, old, shares, strict=True):
             if after != before:
                 delta = after - before
