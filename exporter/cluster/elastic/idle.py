@@ -372,7 +372,7 @@ class IdleAccountant:
             self._offline.set(key, total, now)
             return
         flavor = entry.flavor
-        stale_at = share.stale_at
+        stale_at = share.stale_at  # `_phi`, in line: this runs twice per Pod event
         if stale_at is not None and now > stale_at:
             self._fold(share, flavor, stale_at)
         phi = share.cumulative if now <= share.since else share.at(now)

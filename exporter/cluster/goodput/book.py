@@ -67,7 +67,7 @@ from exporter.cluster.objects import (
 )
 from exporter.core.goodput.interruptions import Interruption, JobKey
 from exporter.store.records import GoodputRow
-from exporter.topology.labels import INSTANCE_TYPE_KEY, ULTRASERVER_KEY
+from exporter.topology.labels import INSTANCE_TYPE_KEY, ULTRASERVER_KEY, Placement
 from exporter.topology.tree import TopologyTree
 
 DEFAULT_CHECKPOINT_KEY: Final = "topowatch.io/last-checkpoint"
@@ -174,7 +174,7 @@ class GoodputBook:
         # Each node's (flavor, domain, instance type, UltraServer), and the labels it was
         # worked out from (recomputed when they change).
         self._node_place: dict[str, tuple[str, str, str, str]] = {}
-        self._node_placement: dict[str, object] = {}
+        self._node_placement: dict[str, Placement | None] = {}  # the tree's, as last read
         self._why: dict[str, str] = {}  # why each node's free GPUs are unavailable ("": not)
         self._unsettled: list[JobKey] = []
         self._watch: dict[str, set[tuple[JobKey, str]]] = {}  # node -> (job, entry id)
