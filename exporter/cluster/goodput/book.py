@@ -156,6 +156,7 @@ class GoodputBook:
     def __init__(self, config: GoodputConfig | None = None) -> None:
         self.config = config or GoodputConfig()
         self._model: ModelView | None = None
+        self._model_pods: Mapping[tuple[str, str], Pod] = {}
         self.jobs: dict[JobKey, JobTrack] = {}
         self._pods: dict[tuple[str, str], PodFact] = {}
         self._workloads: dict[tuple[str, str], Workload] = {}
@@ -191,7 +192,6 @@ class GoodputBook:
         )
         self._last_prune = -math.inf  # never
         self._latest = 0.0
-        self._latest_ms = 0
         # Persistence: what changed since `dirty_rows` last collected.
         self.on_change: Callable[[], None] | None = None
         self._dirty_entries: set[tuple[JobKey, str]] = set()
@@ -208,32 +208,37 @@ class GoodputBook:
     def attach(self, model: ModelView) -> None:
         """Be told of `model`'s changes (before it applies anything)."""
         self._model = model
+        self._model_pods = model.pods  # (the model keeps one dict: read once per Pod event)
         model.observer = self
 
     def observe(
         self, kind: str, event_type: str, obj: Mapping[str, Any], key: ObjectKey, now: float
     ) -> None:
-        """One watch event the model has applied; `key` as the model keys the object."""
-        if self._model is None or kind not in OBSERVED_KINDS:
+        """One watch event the model has applied; `key` as the model keys the object (a
+        namespaced kind's a (namespace, name) pair, a cluster-scoped kind's its name)."""
+        if self._model is None:
             return
         if now > self._latest:
             self._latest = now
-            self._latest_ms = to_ms(now)
         else:
             now = self._latest
-        pair = ("", key) if isinstance(key, str) else key  # a cluster-scoped one: its name
-        if kind == "Pod":
-            self._pod(event_type, pair, now)
-        elif kind == "Workload":
-            self._workload(event_type, pair, obj, now)
-        elif kind == "Node":
-            self._node(event_type, pair[1], obj, now)
-        elif kind == "HyperPodPyTorchJob":
-            self._owner(event_type, (pair[0], "HyperPodPyTorchJob", pair[1]), obj)
+        if type(key) is tuple:  # a namespaced kind's (namespace, name)
+            if kind == "Pod":
+                self._pod(event_type, key, now)
+            elif kind == "Workload":
+                self._workload(event_type, key, obj, now)
+            elif kind == "HyperPodPyTorchJob":
+                self._owner(event_type, (key[0], "HyperPodPyTorchJob", key[1]), obj)
+            elif kind == "Event":
+                self._epoch += 1  # a Preempted Event may complete a preemption's ledger entry
+            else:
+                return
+        elif type(key) is str and kind == "Node":  # cluster-scoped: its name
+            self._node(event_type, key, obj, now)
         elif kind == "ResourceFlavor":
             self._reflavor(now)
-        else:  # an Event
-            self._epoch += 1  # a Preempted Event may complete a preemption's ledger entry
+        else:
+            return
         if (
             self._unsettled and (self._epoch != self._ticked_epoch or now >= self._next_due)
         ) or now - self._last_prune >= PRUNE_EVERY_S:
@@ -388,7 +393,7 @@ class GoodputBook:
 
     def _pod(self, event_type: str, key: tuple[str, str], now: float) -> None:
         assert self._model is not None
-        pod = None if event_type == "DELETED" else self._model.pods.get(key)
+        pod = None if event_type == "DELETED" else self._model_pods.get(key)
         old = self._pods.get(key)
         if old is not None and pod is not None and old.job is not None:
             node = pod.node
@@ -418,7 +423,7 @@ class GoodputBook:
                 ):
                     if old.slot is not None:
                         self.gpu_ledger.transfer(
-                            old.node, node, old.slot, old.gpus, self._latest_ms
+                            old.node, node, old.slot, old.gpus, round(now * 1000)
                         )
                     old.node = node
                     return

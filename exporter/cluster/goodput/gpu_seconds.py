@@ -17,21 +17,24 @@ reports no allocatable still has its pods' GPUs). Idle reasons are exact per fla
 domain only `idle` is given, since Kueue's demand waits for a flavor, not a domain (splitting it
 by domain would invent precision the cluster does not have).
 
-Lazily, by the millisecond: a pod's move or a node's change only updates that node's own
-counts; what the node counts for is settled (diffed against what it was counted for) when time
-moves on, or when something reads the totals. Changes within one millisecond last no time, so
-this is exact; a burst within a millisecond costs one settle per node it touched, and a read
-settles what is pending. A flavor's idle split is redone when its idle count or its demand
-changes.
+Derived, not settled: only what pods hold and what capacity there is are integrated, as they
+change (two integer operations on a cell per change). A node's free GPUs are its capacity less
+what its pods hold, so the free GPU-time of a group of nodes (one flavor, domain and free
+category) is its capacity's GPU-time less its held GPU-time, worked out when the totals are
+read; likewise a flavor's no_demand time is its idle time less what the other three reasons
+took. A pod bound anew within one group therefore moves no cell at all, and a flavor's shares
+are split again only when its idle count moves where demand decides them (below the GPUs its
+demand wants). `tests/cluster/goodput/test_ledger_and_reliability.py` holds the ledger to a
+naive one that recounts every node at every change.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
-from exporter.cluster.elastic.idle import DemandCause, split
+from exporter.cluster.elastic.idle import DEMAND_ORDER, DemandCause, split
 
 CATEGORIES: Final = (
     "running",
@@ -46,7 +49,7 @@ CATEGORIES: Final = (
 )
 IDLE_REASONS: Final = ("claimable", "topology", "quota", "no_demand")
 HELD: Final = ("running", "restarting", "absorbed")
-_UNSPLIT: Final = (0, 0, 0, 0)  # a flavor's shares before its first split
+_NO_END: Final = 1 << 62  # more idle GPUs than any flavor has
 K = TypeVar("K", bound=Hashable)
 PartKey = tuple[str, str, str, str]  # (flavor, domain, team, category)
 
@@ -109,40 +112,54 @@ class ExactIntegrator(Generic[K]):
             self.cell(key)[1] += int(value)
 
 
-@dataclass(slots=True)
-class _Node:
-    """One node: where it counts, its allocatable GPUs, why its free GPUs are unavailable,
-    what its pods hold by (team, category) now (counted as they move); and what its capacity
-    and free GPUs are counted for, as of the moment it was last settled."""
+@dataclass(slots=True, eq=False)
+class _Flavor:
+    """One flavor's schedulable free GPUs (`count`) and the demand waiting for them, with the
+    cells of the claimable, topology and quota shares of its idle GPU-time (each cell's count
+    is that share now). The fourth reason, no_demand, is what the idle GPU-time leaves, worked
+    out when read.
 
-    flavor: str = ""
-    domain: str = ""
-    allocatable: int = 0
-    unavailable: str = ""
-    held: dict[tuple[str, str], int] = field(default_factory=dict)
-    used: int = 0
-    # The cells of its place by slot (`ExactIntegrator.cell`), shared by the nodes of one
-    # (flavor, domain); its capacity and free cells (None: to be looked up, its place or
-    # free category changed).
+    `split` is linear in the idle count between the points where one reason's demand is met
+    (its demand summed with the reasons before it): between two of them one reason takes every
+    GPU that comes or goes. `low`..`high` is the stretch the count is in and `marginal` that
+    reason's cell (None: no_demand), so a move within the stretch is one cell update and only
+    a move past its ends splits anew."""
+
+    count: int = 0
+    demand: dict[str, int] = field(default_factory=dict)
+    cells: tuple[list[int], list[int], list[int]] = field(
+        default_factory=lambda: ([0, 0], [0, 0], [0, 0])
+    )
+    low: int = 0
+    high: int = -1  # below low: split at the first move
+    marginal: list[int] | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Group:
+    """The nodes of one (flavor, domain) whose free GPUs count as one category: what they
+    hold by (team, category) and their capacity, as cells (`ExactIntegrator`'s [count, anti]).
+    Their free GPU-time is capacity less what they hold, worked out when read."""
+
+    flavor: str
+    domain: str
+    free_category: str
+    idle: _Flavor | None  # the flavor, where free GPUs here are idle (schedulable)
+    capacity: list[int] = field(default_factory=lambda: [0, 0])
     cells: dict[tuple[str, str], list[int]] = field(default_factory=dict)
-    cap_cell: list[int] | None = None
-    free_cell: list[int] | None = None
-    dirty: bool = False  # its capacity or free GPUs may have moved since it was settled
-    # Counted for, as of its last settle:
-    given_cap_cell: list[int] | None = None
-    given_capacity: int = 0
-    given_free_cell: list[int] | None = None
-    given_free: int = 0
-    given_flavor: str = ""
-    given_idle: int = 0  # its free GPUs counted in its flavor's idle count
 
-    @property
-    def capacity(self) -> int:
-        return max(self.allocatable, self.used)
 
-    @property
-    def free_category(self) -> str:
-        return f"unavailable:{self.unavailable}" if self.unavailable else "idle"
+@dataclass(slots=True, eq=False)
+class _Node:
+    """One node: its group, its allocatable GPUs, what its pods hold by (team, category), and
+    how many of those are above its allocatable (`excess`: its capacity is allocatable +
+    excess, the GPUs its pods hold when a node NotReady reports none)."""
+
+    group: _Group
+    allocatable: int = 0
+    used: int = 0
+    excess: int = 0
+    held: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,45 +204,46 @@ class GpuSecondLedger:
     """Told each node's state (`set_node`), each move of a pod's GPUs between categories on a
     node (`move`, `transfer`), and each pending demand; integrates, exactly.
 
-    What pods hold is counted as it moves (two integer operations on a cell the node keeps).
-    A node's capacity and free GPUs, which every such move changes, are settled by the
-    millisecond: a move marks the node, and a marked node's capacity, free and idle counts
-    are brought up to date once, when time moves on or something reads the ledger. Changes
-    within one millisecond last no time, so this is exact; a burst of pod moves within a
-    millisecond (a re-list, a gang) settles each node it touched once."""
+    Only what is held and what there is are counted as they change; what is free is derived.
+    A group's free GPU-time is its capacity's less what its pods hold, and a flavor's
+    no_demand idle time is its idle GPU-time less the three shares demand took. So a pod bound
+    anew to a node of the same group (flavor, domain, free category) moves no cell: two
+    nodes' counts change, and a cell only where a node's pods cross its allocatable. A
+    flavor's shares are split again only when its idle count moves below what demand wants."""
 
     def __init__(self) -> None:
         self._nodes: dict[str, _Node] = {}
-        self._parts: ExactIntegrator[PartKey] = ExactIntegrator()
-        self._capacity: ExactIntegrator[tuple[str, str]] = ExactIntegrator()
-        self._reasons: ExactIntegrator[tuple[str, str]] = ExactIntegrator()
-        self._idle: dict[str, int] = {}  # schedulable free GPUs by flavor
+        self._groups: dict[tuple[str, str, str], _Group] = {}
+        self._flavors: dict[str, _Flavor] = {}
         self._demand: dict[Hashable, tuple[str, DemandCause, int]] = {}
-        self._demand_by_flavor: dict[str, dict[str, int]] = {}
-        self._split: dict[str, tuple[int, int, int, int]] = {}
-        self._reason_cells: dict[str, tuple[list[int], ...]] = {}  # by IDLE_REASONS
-        self._split_idle: dict[str, int] = {}  # the idle count each flavor was last split at
-        self._unsplit: set[str] = set()  # flavors whose idle count moved since then
-        self._dirty: list[_Node] = []  # nodes marked since they were last settled
-        self._place_cells: dict[tuple[str, str], dict[tuple[str, str], list[int]]] = {}
+        self._seeded: GpuSecondTotals | None = None  # a previous process's totals
         self._latest = 0
+        self._unplaced = self._group("", "", "")
 
     def _node(self, name: str) -> _Node:
         node = self._nodes.get(name)
         if node is None:
-            node = self._nodes[name] = _Node(cells=self._cells_of(("", "")))
+            node = self._nodes[name] = _Node(self._unplaced)
         return node
 
-    def _cells_of(self, place: tuple[str, str]) -> dict[tuple[str, str], list[int]]:
-        cells = self._place_cells.get(place)
-        if cells is None:
-            cells = self._place_cells[place] = {}
-        return cells
+    def _group(self, flavor: str, domain: str, unavailable: str) -> _Group:
+        key = (flavor, domain, unavailable)
+        group = self._groups.get(key)
+        if group is None:
+            idle = None if unavailable else self._flavor(flavor)
+            category = f"unavailable:{unavailable}" if unavailable else "idle"
+            group = self._groups[key] = _Group(flavor, domain, category, idle)
+        return group
+
+    def _flavor(self, flavor: str) -> _Flavor:
+        state = self._flavors.get(flavor)
+        if state is None:
+            state = self._flavors[flavor] = _Flavor()
+        return state
 
     def _clock(self, now: float) -> int:
         ms = round(now * 1000)
         if ms > self._latest:
-            self.flush()  # what changed at the moment before is settled at that moment
             self._latest = ms
         return self._latest
 
@@ -242,49 +260,22 @@ class GpuSecondLedger:
         unavailable ("" when they are not)."""
         node = self._node(name)
         allocatable = max(0, allocatable)
-        if (
-            node.flavor == flavor
-            and node.domain == domain
-            and node.allocatable == allocatable
-            and node.unavailable == unavailable
-        ):
+        group = self._group(flavor, domain, unavailable)
+        if node.group is group and node.allocatable == allocatable:
             return
         ms = self._clock(now)
-        if node.flavor != flavor or node.domain != domain:
-            # Another place: what its pods hold counts there from now on.
-            cells = self._cells_of((flavor, domain))
-            for slot, n in node.held.items():
-                cell = node.cells.get(slot)
-                if cell is None:
-                    cell = node.cells[slot] = self._parts.cell((node.flavor, node.domain, *slot))
-                cell[0] -= n
-                cell[1] += n * ms
-                cell = cells.get(slot)
-                if cell is None:
-                    cell = cells[slot] = self._parts.cell((flavor, domain, *slot))
-                cell[0] += n
-                cell[1] -= n * ms
-            node.cells = cells
-            node.cap_cell = None
-        node.free_cell = None
-        node.flavor, node.domain, node.allocatable, node.unavailable = (
-            flavor,
-            domain,
-            allocatable,
-            unavailable,
-        )
-        self._mark(node)
+        self._place(node, -1, ms)
+        node.group, node.allocatable = group, allocatable
+        node.excess = max(0, node.used - allocatable)
+        self._place(node, 1, ms)
 
     def remove_node(self, name: str, now: float) -> None:
         """The Node is gone (its pods, should any be left, keep their GPUs counted)."""
         node = self._nodes.get(name)
         if node is None:
             return
-        ms = self._clock(now)
-        if node.unavailable:
-            node.free_cell = None
-        node.allocatable, node.unavailable = 0, ""
-        self._settle(node, ms)
+        group = node.group
+        self.set_node(name, group.flavor, group.domain, 0, "", now)
         if not node.used:
             del self._nodes[name]
 
@@ -307,8 +298,11 @@ class GpuSecondLedger:
         if new is not None:
             self._hold(node, new, gpus, ms)
         if old is None or new is None:
-            node.used += gpus if old is None else -gpus
-            self._mark(node)
+            delta = gpus if old is None else -gpus
+            node.used += delta
+            free = self._reexcess(node, ms) - delta
+            if free and node.group.idle is not None:
+                self._idle_moved(node.group.idle, free, ms)
 
     def transfer(
         self, source: str, target: str, slot: tuple[str, str], gpus: int, now_ms: int
@@ -319,7 +313,6 @@ class GpuSecondLedger:
         if gpus <= 0 or source == target:
             return
         if now_ms > self._latest:
-            self.flush()
             self._latest = now_ms
         ms = self._latest
         nodes = self._nodes
@@ -333,57 +326,56 @@ class GpuSecondLedger:
             held.pop(slot, None)
         held = b.held
         held[slot] = held.get(slot, 0) + gpus
-        cells = a.cells
-        if cells is not b.cells:  # another (flavor, domain)
-            cell = cells.get(slot)
-            if cell is None:
-                cell = cells[slot] = self._parts.cell((a.flavor, a.domain, *slot))
+        # Each node's capacity (allocatable + excess) and free GPUs (capacity - used) anew:
+        # its capacity moves only where its pods cross its allocatable, and its free GPUs are
+        # idle in its flavor where its group's are.
+        used = a.used - gpus
+        a.used = used
+        excess = used - a.allocatable
+        if excess < 0:
+            excess = 0
+        delta = excess - a.excess  # its capacity's change
+        group_a = a.group
+        if delta:
+            a.excess = excess
+            cell = group_a.capacity
+            cell[0] += delta
+            cell[1] -= delta * ms
+        free_a = delta + gpus
+        used = b.used + gpus
+        b.used = used
+        excess = used - b.allocatable
+        if excess < 0:
+            excess = 0
+        delta = excess - b.excess
+        group_b = b.group
+        if delta:
+            b.excess = excess
+            cell = group_b.capacity
+            cell[0] += delta
+            cell[1] -= delta * ms
+        free_b = delta - gpus
+        idle_a, idle_b = group_a.idle, group_b.idle
+        if group_a is not group_b:  # (`_hold_cell` twice, written out: the hot path)
+            cells = group_a.cells
+            cell = cells.get(slot) or cells.setdefault(slot, [0, 0])
             cell[0] -= gpus
             cell[1] += gpus * ms
-            cells = b.cells
-            cell = cells.get(slot)
-            if cell is None:
-                cell = cells[slot] = self._parts.cell((b.flavor, b.domain, *slot))
+            cells = group_b.cells
+            cell = cells.get(slot) or cells.setdefault(slot, [0, 0])
             cell[0] += gpus
             cell[1] -= gpus * ms
-        a.used -= gpus
-        b.used += gpus
-        idle_a = self._used_moved(a, ms)
-        idle_b = self._used_moved(b, ms)
-        if a.flavor == b.flavor:
-            if idle_a + idle_b:
-                self._idle_moved(a.flavor, idle_a + idle_b)
+        if idle_a is idle_b:  # one flavor's idle count, or neither node's free GPUs idle
+            if idle_a is not None and free_a + free_b:
+                self._idle_moved(idle_a, free_a + free_b, ms)
         else:
-            if idle_a:
-                self._idle_moved(a.flavor, idle_a)
-            if idle_b:
-                self._idle_moved(b.flavor, idle_b)
-
-    def _used_moved(self, node: _Node, ms: int) -> int:
-        """Only the GPUs the node's pods use moved: settled at once where its cells are current
-        (the common case: `_count`, the same cells and counts `_settle` would reach at this
-        moment), else marked (and 0 returned). Its change of idle GPUs."""
-        if node.dirty or node.free_cell is None:
-            self._mark(node)
-            return 0
-        return self._count(node, ms)
+            if idle_a is not None and free_a:
+                self._idle_moved(idle_a, free_a, ms)
+            if idle_b is not None and free_b:
+                self._idle_moved(idle_b, free_b, ms)
 
     def flush(self) -> None:
-        """Settle what changed at the latest moment, at that moment: the marked nodes, then
-        the idle split of the flavors whose idle count moved (every reader calls it)."""
-        dirty = self._dirty
-        if dirty:
-            ms = self._latest
-            for node in dirty:
-                if node.dirty:
-                    self._settle(node, ms)
-            dirty.clear()
-        unsplit = self._unsplit
-        if unsplit:
-            for flavor in unsplit:  # each its own keys: the order makes no difference
-                if self._idle.get(flavor, 0) != self._split_idle.get(flavor):
-                    self._resplit(flavor, self._latest)
-            unsplit.clear()
+        """Nothing waits to be settled (kept for callers that settle before they read)."""
 
     def set_demand(
         self, key: Hashable, flavor: str, cause: DemandCause, gpus: int, now: float
@@ -393,50 +385,91 @@ class GpuSecondLedger:
         if old == entry:
             return
         ms = self._clock(now)
-        self.flush()  # the idle counts as they are at this moment
         if old is not None:
-            self._add_demand(old, -1)
+            self._add_demand(old, -1, ms)
         self._demand[key] = entry
-        self._add_demand(entry, 1)
-        self._resplit(flavor, ms)
-        if old is not None and old[0] != flavor:
-            self._resplit(old[0], ms)
+        self._add_demand(entry, 1, ms)
 
     def remove_demand(self, key: Hashable, now: float) -> None:
         old = self._demand.pop(key, None)
         if old is not None:
-            ms = self._clock(now)
-            self.flush()  # the idle counts as they are at this moment
-            self._add_demand(old, -1)
-            self._resplit(old[0], ms)
+            self._add_demand(old, -1, self._clock(now))
 
     def totals(self, now: float) -> GpuSecondTotals:
-        self.flush()
         ms = max(to_ms(now), self._latest)
+        capacity: dict[tuple[str, str], int] = {}
+        parts: dict[PartKey, int] = {}
+        idle: dict[str, int] = {}
+        for group in self._groups.values():
+            place = (group.flavor, group.domain)
+            count, anti = group.capacity
+            free = anti + count * ms
+            _add(capacity, place, free)
+            for (team, category), (count, anti) in group.cells.items():
+                value = anti + count * ms
+                _add(parts, (*place, team, category), value)
+                free -= value
+            _add(parts, (*place, "", group.free_category), free)
+            if group.idle is not None:
+                idle[group.flavor] = idle.get(group.flavor, 0) + free
+        reasons: dict[tuple[str, str], int] = {}
+        for flavor, state in self._flavors.items():
+            left = idle.get(flavor, 0)
+            for reason, (count, anti) in zip(IDLE_REASONS[:3], state.cells, strict=True):
+                value = anti + count * ms
+                _add(reasons, (flavor, reason), value)
+                left -= value
+            _add(reasons, (flavor, "no_demand"), left)
+        seeded = self._seeded
+        if seeded is not None:
+            for into, done in (
+                (capacity, seeded.capacity),
+                (parts, seeded.parts),
+                (reasons, seeded.idle_reasons),
+            ):
+                for key, value in done.items():
+                    _add(into, key, value)
         return GpuSecondTotals(
-            self._capacity.totals(ms), self._parts.totals(ms), self._reasons.totals(ms)
+            {k: v for k, v in capacity.items() if v},
+            {k: v for k, v in parts.items() if v},
+            {k: v for k, v in reasons.items() if v},
         )
 
     def seed(self, totals: GpuSecondTotals) -> None:
         """Go on from a previous process's totals (its time until it stopped)."""
-        self._capacity.seed(totals.capacity)
-        self._parts.seed(totals.parts)
-        self._reasons.seed(totals.idle_reasons)
+        if self._seeded is not None:
+            totals = GpuSecondTotals(
+                _summed(self._seeded.capacity, totals.capacity),
+                _summed(self._seeded.parts, totals.parts),
+                _summed(self._seeded.idle_reasons, totals.idle_reasons),
+            )
+        self._seeded = totals
 
     def now_counts(self) -> dict[str, int]:
         """GPUs in each category at this moment."""
-        self.flush()
         out: dict[str, int] = {}
-        for key, n in self._parts.counts().items():
-            out[key[3]] = out.get(key[3], 0) + n
-        return out
+        for group in self._groups.values():
+            free = group.capacity[0]
+            for (_, category), (count, _) in group.cells.items():
+                out[category] = out.get(category, 0) + count
+                free -= count
+            out[group.free_category] = out.get(group.free_category, 0) + free
+        return {k: v for k, v in out.items() if v}
 
     # --- bookkeeping ----------------------------------------------------------------------
 
-    def _mark(self, node: _Node) -> None:
-        if not node.dirty:
-            node.dirty = True
-            self._dirty.append(node)
+    def _place(self, node: _Node, sign: int, ms: int) -> None:
+        """The node joins (`sign` 1) or leaves (-1) its group: what it holds, its capacity,
+        and its free GPUs in its flavor's idle count."""
+        group = node.group
+        for slot, gpus in node.held.items():
+            self._hold_cell(group, slot, sign * gpus, ms)
+        capacity = node.allocatable + node.excess
+        cell = group.capacity
+        cell[0] += sign * capacity
+        cell[1] -= sign * capacity * ms
+        if group.idle is not None:
+            self._idle_moved(group.idle, sign * (capacity - node.used), ms)
 
     def _hold(self, node: _Node, slot: tuple[str, str], delta: int, ms: int) -> None:
         """The node's pods hold `delta` GPUs more as `slot`."""
@@ -446,100 +479,82 @@ class GpuSecondLedger:
             held[slot] = left
         else:
             held.pop(slot, None)
-        cell = node.cells.get(slot)
+        self._hold_cell(node.group, slot, delta, ms)
+
+    @staticmethod
+    def _hold_cell(group: _Group, slot: tuple[str, str], delta: int, ms: int) -> None:
+        cell = group.cells.get(slot)
         if cell is None:
-            cell = node.cells[slot] = self._parts.cell((node.flavor, node.domain, *slot))
+            cell = group.cells[slot] = [0, 0]
         cell[0] += delta
         cell[1] -= delta * ms
 
-    def _settle(self, node: _Node, ms: int) -> None:
-        """Count the node's capacity and free GPUs for what they are now, from `ms` on: first
-        where they count (its place and free category may have moved: what it gave to its old
-        cells goes, its cells start from nothing), then how many."""
-        node.dirty = False
-        cell = node.cap_cell
-        if cell is None:
-            cell = node.cap_cell = self._capacity.cell((node.flavor, node.domain))
-        if cell is not node.given_cap_cell:
-            _take(node.given_cap_cell, node.given_capacity, ms)
-            node.given_cap_cell, node.given_capacity = cell, 0
-        cell = node.free_cell
-        if cell is None:
-            key = (node.flavor, node.domain, "", node.free_category)
-            cell = node.free_cell = self._parts.cell(key)
-        if cell is not node.given_free_cell:
-            _take(node.given_free_cell, node.given_free, ms)
-            node.given_free_cell, node.given_free = cell, 0
-        if node.flavor != node.given_flavor:
-            if node.given_idle:
-                self._idle_moved(node.given_flavor, -node.given_idle)
-            node.given_flavor, node.given_idle = node.flavor, 0
-        idle = self._count(node, ms)
-        if idle:
-            self._idle_moved(node.flavor, idle)
-
     @staticmethod
-    def _count(node: _Node, ms: int) -> int:
-        """The node's capacity (its pods may hold more than its allocatable GPUs) and free
-        GPUs moved into its current cells at `ms`; returns the change of its idle GPUs (free
-        and available) for its flavor's count."""
-        used = node.used
-        allocatable = node.allocatable
-        capacity = allocatable if allocatable > used else used
-        delta = capacity - node.given_capacity
+    def _reexcess(node: _Node, ms: int) -> int:
+        """Its pods' GPUs above its allocatable (its capacity: allocatable + excess) anew;
+        returns its capacity's change."""
+        excess = node.used - node.allocatable
+        if excess < 0:
+            excess = 0
+        delta = excess - node.excess
         if delta:
-            cell = node.cap_cell
-            assert cell is not None  # set by every settle
+            node.excess = excess
+            cell = node.group.capacity
             cell[0] += delta
             cell[1] -= delta * ms
-            node.given_capacity = capacity
-        free = capacity - used
-        delta = free - node.given_free
-        if delta:
-            cell = node.free_cell
-            assert cell is not None
-            cell[0] += delta
-            cell[1] -= delta * ms
-            node.given_free = free
-        idle = 0 if node.unavailable else free  # (its old idle may be elsewhere: a re-home)
-        delta = idle - node.given_idle
-        node.given_idle = idle
         return delta
 
-    def _idle_moved(self, flavor: str, delta: int) -> None:
-        self._idle[flavor] = self._idle.get(flavor, 0) + delta
-        self._unsplit.add(flavor)
-
-    def _add_demand(self, entry: tuple[str, DemandCause, int], sign: int) -> None:
-        flavor, cause, gpus = entry
-        per = self._demand_by_flavor.setdefault(flavor, {})
-        per[cause] = per.get(cause, 0) + sign * gpus
-
-    def _resplit(self, flavor: str, ms: int) -> None:
-        """The flavor's idle GPUs shared out anew at `ms` (each time its idle count moved,
-        once per millisecond: the cells of its four reasons are kept, not looked up)."""
-        idle = self._idle.get(flavor, 0)
-        self._split_idle[flavor] = idle
-        demand = self._demand_by_flavor.get(flavor)
-        shares = split(idle, demand) if demand else (0, 0, 0, idle if idle > 0 else 0)
-        old = self._split.get(flavor, _UNSPLIT)
-        if shares == old:
-            return
-        cells = self._reason_cells.get(flavor)
-        if cells is None:
-            cells = self._reason_cells[flavor] = tuple(
-                self._reasons.cell((flavor, reason)) for reason in IDLE_REASONS
-            )
-        for cell, before, after in zip(cells, old, shares, strict=True):
-            if after != before:
-                delta = after - before
+    @staticmethod
+    def _idle_moved(state: _Flavor, delta: int, ms: int) -> None:
+        after = state.count + delta
+        state.count = after
+        if state.low <= after <= state.high:  # one reason takes the move
+            cell = state.marginal
+            if cell is not None:
                 cell[0] += delta
                 cell[1] -= delta * ms
-        self._split[flavor] = shares
+        else:
+            GpuSecondLedger._resplit(state, ms)
+
+    def _add_demand(self, entry: tuple[str, DemandCause, int], sign: int, ms: int) -> None:
+        flavor, cause, gpus = entry
+        state = self._flavor(flavor)
+        demand = state.demand
+        demand[cause] = demand.get(cause, 0) + sign * gpus
+        self._resplit(state, ms)
+
+    @staticmethod
+    def _resplit(state: _Flavor, ms: int) -> None:
+        """The flavor's idle GPUs shared out anew at `ms` (its idle count moved past the stretch
+        it was in, or its demand moved), and the stretch its count is in now."""
+        count = state.count
+        shares = split(count, state.demand)
+        for cell, after in zip(state.cells, shares, strict=False):
+            delta = after - cell[0]
+            if delta:
+                cell[0] = after
+                cell[1] -= delta * ms
+        low = 0
+        if count < 0:  # (never: each change is netted before it is told) split at the next
+            state.low, state.high, state.marginal = 0, -1, None
+            return
+        for cell, cause in zip(state.cells, DEMAND_ORDER, strict=True):
+            wanted = state.demand.get(cause, 0)
+            if wanted > 0:
+                if count <= low + wanted:
+                    state.low, state.high, state.marginal = low, low + wanted, cell
+                    return
+                low += wanted
+        state.low, state.high, state.marginal = low, _NO_END, None
 
 
-def _take(cell: list[int] | None, count: int, ms: int) -> None:
-    """`count` leaves `cell` at `ms` (nothing when there is no cell or no count)."""
-    if cell is not None and count:
-        cell[0] -= count
-        cell[1] += count * ms
+def _add(into: dict[Any, int], key: Any, value: int) -> None:
+    if value:
+        into[key] = into.get(key, 0) + value
+
+
+def _summed(a: Mapping[K, int], b: Mapping[K, int]) -> dict[K, int]:
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = out.get(key, 0) + value
+    return out
