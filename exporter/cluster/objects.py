@@ -370,6 +370,7 @@ class Node:
     condition_note: str = ""
     taints: tuple[Taint, ...] = ()  # spec.taints
     cordoned: bool = False  # spec.unschedulable
+    ready: bool = True  # its Ready condition is True (status.conditions)
     # sagemaker.amazonaws.com/deep-health-check-status as written, "" when absent
     deep_health: str = ""
     # True while that check is InProgress or Failed, or its value is unreadable

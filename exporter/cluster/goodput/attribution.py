@@ -48,6 +48,7 @@ from typing import Final, Literal
 
 from exporter.cluster.goodput.evidence import NodeFinding
 from exporter.core.goodput.causes import Cause
+from exporter.core.record import record
 
 SETTLE_S: Final = 120.0
 PREEMPTION_WINDOW_S: Final = 120.0
@@ -64,7 +65,7 @@ WorkloadEventKind = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NodeEvent:
     """Something that happened to a node: a finding appeared, a remediation began (action:
     reboot | replace | deep_health_check | cordon), it went NotReady, came back, was deleted."""
@@ -76,7 +77,7 @@ class NodeEvent:
     finding: NodeFinding | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WorkloadEvent:
     """A change of one of the job's Workloads (reason and message as Kueue wrote them)."""
 

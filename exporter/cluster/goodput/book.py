@@ -983,7 +983,7 @@ class GoodputBook:
         if node is None:
             return
         before = self._facts.get(name)
-        facts = node_facts(obj, node.scheduled_event, before)
+        facts = node_facts(obj, node, before)
         if facts is before or facts == before:  # nothing read changed: its place, at most
             self._seen(name, node, self._why[name], now)
             return

@@ -22,13 +22,13 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Final
 
+from exporter.cluster.objects import Node
 from exporter.core.findings import FINDINGS_ANNOTATION, SEVERITIES, decode_findings
 from exporter.core.goodput.causes import Component, component_of, is_hardware
+from exporter.core.record import record
 
 REBOOT_LABEL: Final = "UnschedulablePendingReboot"
 REPLACE_LABEL: Final = "UnschedulablePendingReplacement"
-HEALTH_KEY: Final = "sagemaker.amazonaws.com/node-health-status"
-DEEP_HEALTH_KEY: Final = "sagemaker.amazonaws.com/deep-health-check-status"
 DEEP_HEALTH_RUNNING: Final = frozenset({"InProgress", "Failed"})
 MAX_NOTE: Final = 200
 
@@ -65,7 +65,7 @@ class NodeFinding:
         return f"{self.check} on {self.component} of {self.node} ({self.severity}, {self.evidence})"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NodeFacts:
     """A Node as the goodput ledger reads it."""
 
@@ -108,43 +108,30 @@ class NodeFacts:
         return ""
 
 
-def node_facts(
-    obj: Mapping[str, Any], scheduled_event: str = "", previous: NodeFacts | None = None
-) -> NodeFacts:
-    """Read a Node object. A findings annotation that cannot be read keeps the findings of
-    `previous` (what was last known) and says why in `findings_problem`."""
-    # Type-tested in line, `_map`/`_text` only where a test fails: this runs per Node event.
+def node_facts(obj: Mapping[str, Any], node: Node, previous: NodeFacts | None = None) -> NodeFacts:
+    """A Node as the model parsed it (`node`: Ready, cordon, HyperPod's labels, EC2's event),
+    with every finding of its raw object's findings annotation (the model keeps only the EFA
+    ones). One that cannot be read keeps the findings of `previous` (what was last known) and
+    says why in `findings_problem`."""
+    # Type-tested in line, `_map` only where a test fails: this runs per Node event.
     meta = v if type(v := obj.get("metadata")) is dict else _map(v)
-    get = meta.get
-    name = v if type(v := get("name")) is str else _text(v)
-    labels = v if type(v := get("labels")) is dict else _map(v)
-    annotations = v if type(v := get("annotations")) is dict else _map(v)
-    spec = v if type(v := obj.get("spec")) is dict else _map(v)
-    status = v if type(v := obj.get("status")) is dict else _map(v)
-    ready = False
-    conditions = status.get("conditions")
-    if isinstance(conditions, list):
-        for cond in conditions:
-            if (type(cond) is dict or isinstance(cond, Mapping)) and cond.get("type") == "Ready":
-                ready = cond.get("status") == "True"
+    annotations = v if type(v := meta.get("annotations")) is dict else _map(v)
     raw = annotations.get(FINDINGS_ANNOTATION)
+    name = node.name
     if previous is not None and previous.raw_findings == raw and previous.name == name:
         findings, problem = previous.findings, previous.findings_problem
     else:
         findings, problem = _findings(name, raw)
         if problem and previous is not None:
             findings = previous.findings
-    cordoned = spec.get("unschedulable") is True
-    health = v if type(v := labels.get(HEALTH_KEY)) is str else _text(v)
-    deep_health = v if type(v := labels.get(DEEP_HEALTH_KEY)) is str else _text(v)
     if (
         previous is not None
         and findings is previous.findings
-        and ready is previous.ready
-        and cordoned is previous.cordoned
-        and health == previous.health
-        and deep_health == previous.deep_health
-        and scheduled_event == previous.scheduled_event
+        and node.ready is previous.ready
+        and node.cordoned is previous.cordoned
+        and node.health == previous.health
+        and node.deep_health == previous.deep_health
+        and node.scheduled_event == previous.scheduled_event
         and problem == previous.findings_problem
         and previous.name == name
         and previous.raw_findings == raw
@@ -154,11 +141,11 @@ def node_facts(
         name=name,
         findings=findings,
         findings_problem=problem,
-        ready=ready,
-        cordoned=cordoned,
-        health=health,
-        deep_health=deep_health,
-        scheduled_event=scheduled_event,
+        ready=node.ready,
+        cordoned=node.cordoned,
+        health=node.health,
+        deep_health=node.deep_health,
+        scheduled_event=node.scheduled_event,
         raw_findings=raw,
     )
 
@@ -238,7 +225,3 @@ def _map(value: object) -> Mapping[str, Any]:
 
 
 _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else ""

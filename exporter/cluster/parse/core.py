@@ -738,6 +738,7 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
             condition_note=condition_note,
             taints=() if (v := spec.get("taints")) is None else taints(v, "spec.taints", notes),
             cordoned=cordoned,
+            ready=ready,
             deep_health=deep_health,
             deep_health_blocks=deep_health_blocks,
             instance_id=instance_id_of(spec.get("providerID")),
@@ -748,7 +749,9 @@ def parse_node(obj: Mapping[str, Any], problems: list[str] | None = None) -> Nod
         )
     except Exception as exc:  # a parser bug must not take the informer down
         notes.append(f"unexpected {type(exc).__name__}: {exc}")
-        node = Node(name="", labels=(), allocatable_gpus=0, schedulable=False, health="")
+        node = Node(
+            name="", labels=(), allocatable_gpus=0, schedulable=False, health="", ready=False
+        )
     if notes:
         report("Node", obj, notes, problems)
     return node
