@@ -984,7 +984,8 @@ class GoodputBook:
             return
         before = self._facts.get(name)
         facts = node_facts(obj, node, before)
-        if facts is before or facts == before:  # nothing read changed: its place, at most
+        # `node_facts` hands back what was when nothing it reads changed: its place, at most
+        if facts is before:
             self._seen(name, node, self._why[name], now)
             return
         self._facts[name] = facts

@@ -374,9 +374,6 @@ class GpuSecondLedger:
             if idle_b is not None and free_b:
                 self._idle_moved(idle_b, free_b, ms)
 
-    def flush(self) -> None:
-        """Nothing waits to be settled (kept for callers that settle before they read)."""
-
     def set_demand(
         self, key: Hashable, flavor: str, cause: DemandCause, gpus: int, now: float
     ) -> None:
