@@ -1,5 +1,5 @@
-"""The book's cheap paths answer as the full ones do: a pod bound anew, the GPU-second ledger
-settled by the millisecond; and what the book counts for the surfaces (interruptions that
+"""The book's cheap paths answer as the full ones do: a pod bound anew, the GPU-second ledger's
+transfer against two moves; and what the book counts for the surfaces (interruptions that
 settled here, hardware incidents per node)."""
 
 from __future__ import annotations
