@@ -16,8 +16,8 @@ job is left alone), a re-written Workload or Node equal to the one before; the G
 ledger counts only what is held and what capacity there is, and works out the rest when read
 (tests/cluster/goodput/test_cost_paths.py holds the short ways to the long ones' answers). The
 figure is benchmarks/cluster_model.py's "goodput ledger attached", beside "its floor": the
-least an observer keeping such a ledger adds. Memory is bounded: ended jobs are kept `RETAIN_S` (and at most `MAX_JOBS`
-jobs), the history store keeps the rest.
+least an observer keeping such a ledger adds. Memory is bounded: ended jobs are kept
+`RETAIN_S` (and at most `MAX_JOBS` jobs), the history store keeps the rest.
 
 Nothing here raises into the model: it guards its own calls (`ClusterModel._observe`).
 """

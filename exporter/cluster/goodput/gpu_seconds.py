@@ -326,35 +326,17 @@ class GpuSecondLedger:
             held.pop(slot, None)
         held = b.held
         held[slot] = held.get(slot, 0) + gpus
-        # Each node's capacity (allocatable + excess) and free GPUs (capacity - used) anew:
-        # its capacity moves only where its pods cross its allocatable, and its free GPUs are
-        # idle in its flavor where its group's are.
-        used = a.used - gpus
-        a.used = used
-        excess = used - a.allocatable
-        if excess < 0:
-            excess = 0
-        delta = excess - a.excess  # its capacity's change
-        group_a = a.group
-        if delta:
-            a.excess = excess
-            cell = group_a.capacity
-            cell[0] += delta
-            cell[1] -= delta * ms
-        free_a = delta + gpus
-        used = b.used + gpus
-        b.used = used
-        excess = used - b.allocatable
-        if excess < 0:
-            excess = 0
-        delta = excess - b.excess
-        group_b = b.group
-        if delta:
-            b.excess = excess
-            cell = group_b.capacity
-            cell[0] += delta
-            cell[1] -= delta * ms
-        free_b = delta - gpus
+        # Each node's free GPUs (capacity - used) anew: its capacity (allocatable + excess)
+        # moves only where its pods are or were above its allocatable.
+        a.used -= gpus
+        b.used += gpus
+        free_a = gpus
+        if a.excess:
+            free_a += self._reexcess(a, ms)
+        free_b = -gpus
+        if b.used > b.allocatable:  # (as it was, if it had excess before)
+            free_b += self._reexcess(b, ms)
+        group_a, group_b = a.group, b.group
         idle_a, idle_b = group_a.idle, group_b.idle
         if group_a is not group_b:  # (`_hold_cell` twice, written out: the hot path)
             cells = group_a.cells
