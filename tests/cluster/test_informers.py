@@ -25,7 +25,7 @@ from tests.conftest import free_port
 from tests.sim.test_sim_apiserver import pod, workload_v1beta2
 
 PLURALS = {w.kind: w.plural for w in WATCHED}
-FAST = {"backoff_initial": 0.05, "backoff_max": 0.2, "watch_timeout_s": 5}
+FAST: dict[str, Any] = {"backoff_initial": 0.05, "backoff_max": 0.2, "watch_timeout_s": 5}
 
 
 class Sink:
