@@ -1021,7 +1021,9 @@ class GoodputBook:
             if was and not why:
                 new_events.append(NodeEvent(now, name, "back"))
         if new_events:
-            self._events_of(name).extend(sorted(new_events, key=lambda e: e.time))
+            if len(new_events) > 1:
+                new_events.sort(key=lambda e: e.time)
+            self._events_of(name).extend(new_events)
             self._epoch += 1
         self._seen(name, node, why, now)
         if new_events:

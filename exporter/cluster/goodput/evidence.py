@@ -99,7 +99,7 @@ class NodeFacts:
             return "remediation"
         if self.deep_check:
             return "deep_health_check"
-        if any(f.action != "none" for f in self.findings):
+        if self.findings and any(f.action != "none" for f in self.findings):
             return "finding"
         if self.scheduled_event:
             return "maintenance"

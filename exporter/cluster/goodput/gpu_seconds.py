@@ -143,6 +143,7 @@ class _Group:
 
     flavor: str
     domain: str
+    unavailable: str  # why its free GPUs are unavailable, "" when they are idle
     free_category: str
     idle: _Flavor | None  # the flavor, where free GPUs here are idle (schedulable)
     capacity: list[int] = field(default_factory=lambda: [0, 0])
@@ -232,7 +233,7 @@ class GpuSecondLedger:
         if group is None:
             idle = None if unavailable else self._flavor(flavor)
             category = f"unavailable:{unavailable}" if unavailable else "idle"
-            group = self._groups[key] = _Group(flavor, domain, category, idle)
+            group = self._groups[key] = _Group(flavor, domain, unavailable, category, idle)
         return group
 
     def _flavor(self, flavor: str) -> _Flavor:
@@ -260,12 +261,17 @@ class GpuSecondLedger:
         unavailable ("" when they are not)."""
         node = self._node(name)
         allocatable = max(0, allocatable)
-        group = self._group(flavor, domain, unavailable)
-        if node.group is group and node.allocatable == allocatable:
-            return
+        group = node.group
+        if (
+            node.allocatable == allocatable
+            and group.unavailable == unavailable
+            and group.flavor == flavor
+            and group.domain == domain
+        ):
+            return  # as it was (a Node event that moved nothing counted here)
         ms = self._clock(now)
         self._place(node, -1, ms)
-        node.group, node.allocatable = group, allocatable
+        node.group, node.allocatable = self._group(flavor, domain, unavailable), allocatable
         node.excess = max(0, node.used - allocatable)
         self._place(node, 1, ms)
 
