@@ -48,7 +48,6 @@ exporter.core.goodput, shared with the Slurm ledger.
 from __future__ import annotations
 
 from exporter.cluster.goodput.book import (
-    OBSERVED_KINDS,
     GoodputBook,
     GoodputConfig,
     ModelView,
@@ -70,7 +69,6 @@ __all__ = [
     "CAUSES",
     "COMPONENTS",
     "IDLE_REASONS",
-    "OBSERVED_KINDS",
     "Cause",
     "Component",
     "GoodputBook",

@@ -77,9 +77,6 @@ MAX_JOBS: Final = 50_000
 NODE_EVENTS: Final = 64
 WATCH_S: Final = 6 * 3600.0  # an interruption's node is followed this long for "node back"
 PRUNE_EVERY_S: Final = 600.0
-OBSERVED_KINDS: Final = frozenset(
-    {"Node", "Pod", "Workload", "Event", "HyperPodPyTorchJob", "ResourceFlavor"}
-)
 SUCCESS_REASONS: Final = frozenset({"Succeeded", "JobFinished", "Completed", ""})
 
 

@@ -64,9 +64,9 @@ class ExactIntegrator(Generic[K]):
     Each key holds one cell, [count, anti]: a change of `delta` at `ms` adds `delta` to the
     count and takes `delta * ms` from `anti`, so the integral up to `now_ms` is
     `anti + count * now_ms` (the pieces telescope). An update is two integer operations on a
-    list the caller may keep (`cell`): the GPU-second ledger keeps each node's cells, so a
-    pod's move builds no key. Times must not go backwards (the callers' clocks never do:
-    a time before the latest is taken as the latest)."""
+    list the caller may keep (`cell`); `GpuSecondLedger` keeps cells of this form on its own
+    groups of nodes. Times must not go backwards (the callers' clocks never do: a time before
+    the latest is taken as the latest)."""
 
     def __init__(self) -> None:
         self._state: dict[K, list[int]] = {}
@@ -102,9 +102,6 @@ class ExactIntegrator(Generic[K]):
             if value:
                 out[key] = value
         return out
-
-    def counts(self) -> dict[K, int]:
-        return {k: v[0] for k, v in self._state.items() if v[0]}
 
     def seed(self, done: Mapping[K, int]) -> None:
         """Start from totals a previous process wrote (a restart keeps the ledger)."""
@@ -144,10 +141,13 @@ class _Group:
     flavor: str
     domain: str
     unavailable: str  # why its free GPUs are unavailable, "" when they are idle
-    free_category: str
     idle: _Flavor | None  # the flavor, where free GPUs here are idle (schedulable)
     capacity: list[int] = field(default_factory=lambda: [0, 0])
     cells: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+
+    @property
+    def free_category(self) -> str:
+        return f"unavailable:{self.unavailable}" if self.unavailable else "idle"
 
 
 @dataclass(slots=True, eq=False)
@@ -232,8 +232,7 @@ class GpuSecondLedger:
         group = self._groups.get(key)
         if group is None:
             idle = None if unavailable else self._flavor(flavor)
-            category = f"unavailable:{unavailable}" if unavailable else "idle"
-            group = self._groups[key] = _Group(flavor, domain, unavailable, category, idle)
+            group = self._groups[key] = _Group(flavor, domain, unavailable, idle)
         return group
 
     def _flavor(self, flavor: str) -> _Flavor:
@@ -344,15 +343,9 @@ class GpuSecondLedger:
             free_b += self._reexcess(b, ms)
         group_a, group_b = a.group, b.group
         idle_a, idle_b = group_a.idle, group_b.idle
-        if group_a is not group_b:  # (`_hold_cell` twice, written out: the hot path)
-            cells = group_a.cells
-            cell = cells.get(slot) or cells.setdefault(slot, [0, 0])
-            cell[0] -= gpus
-            cell[1] += gpus * ms
-            cells = group_b.cells
-            cell = cells.get(slot) or cells.setdefault(slot, [0, 0])
-            cell[0] += gpus
-            cell[1] -= gpus * ms
+        if group_a is not group_b:
+            self._hold_cell(group_a, slot, -gpus, ms)
+            self._hold_cell(group_b, slot, gpus, ms)
         if idle_a is idle_b:  # one flavor's idle count, or neither node's free GPUs idle
             if idle_a is not None and free_a + free_b:
                 self._idle_moved(idle_a, free_a + free_b, ms)
