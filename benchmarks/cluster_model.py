@@ -163,8 +163,9 @@ class LedgerFloor:
         self.pods = model.pods
         self.facts: dict[tuple[str, str], list[Any]] = {}
         self.ledger = GpuSecondLedger()
-        for name, node in model.nodes.items():
-            domain = node.label("topology.k8s.aws/network-node-layer-3")
+        for name, node in model.nodes.items():  # placed as the book places them: last layer
+            placement = model.tree.placement(name)
+            domain = placement.layers[-1] if placement is not None and placement.layers else ""
             self.ledger.set_node(name, "f", domain, node.allocatable_gpus, "", NOW)
         for key in model.pods:
             self.observe("Pod", "ADDED", {}, key, NOW)
@@ -180,9 +181,10 @@ class LedgerFloor:
             return
         fact = self.facts.get(key)
         if fact is None:
-            self.facts[key] = [pod.node, pod.gpus]
-            if pod.node:
-                self.ledger.move(pod.node, None, self.SLOT, pod.gpus, now)
+            gpus = pod.gpus if pod.holds_gpus else 0  # as the book counts a pod's GPUs
+            self.facts[key] = [pod.node, gpus]
+            if gpus:
+                self.ledger.move(pod.node, None, self.SLOT, gpus, now)
         elif fact[0] != pod.node:
             self.ledger.transfer(fact[0], pod.node, self.SLOT, fact[1], round(now * 1000))
             fact[0] = pod.node
