@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exporter.cluster.explain import explain_text
 from exporter.cluster.goodput import GoodputBook
-from exporter.cluster.goodput.gpu_seconds import GpuSecondLedger
+from exporter.cluster.goodput.evidence import NodeFacts, node_facts
+from exporter.cluster.goodput.gpu_seconds import HELD, GpuSecondLedger, GpuSecondTotals
 from exporter.cluster.metrics import render as metrics
 from exporter.cluster.model import ClusterModel, is_live
 from exporter.cluster.objects import ObjectKey
@@ -152,21 +153,26 @@ def explain_seconds(model: ClusterModel, samples: int = 300) -> tuple[float, flo
 
 class LedgerFloor:
     """For scale, not a ledger: the least an observer keeping an exact GPU-second ledger adds
-    per event of this stream. It finds the pod's own record and, where the pod's node moved,
-    moves its GPUs between the two nodes (`GpuSecondLedger.transfer`: held cells, capacity,
-    idle count). No jobs, phases, interruptions, categories by team, Workload or Node reads:
-    what `GoodputBook` does beyond this is the rest of issue 29."""
+    per event of this stream. On a Pod event it finds the pod's own record and, where the
+    pod's node moved, moves its GPUs between the two nodes (`GpuSecondLedger.transfer`: held
+    cells, capacity, idle count). On a Node event it reads what decides where the node's free
+    GPUs count (`node_facts`: HyperPod's health label flips in this stream, moving them between
+    idle and unavailable) and tells the ledger (`set_node`, a regroup when the category moved).
+    Workload events move nothing it counts. No jobs, phases, interruptions, categories by team
+    or node events: what `GoodputBook` does beyond this is the rest of issue 29. `agrees`
+    checks that its ledger is the book's, summed over teams."""
 
     SLOT: Final = ("team", "running")
 
-    def __init__(self, model: ClusterModel) -> None:
+    def __init__(self, model: ClusterModel, nodes: list[dict[str, Any]]) -> None:
+        """Told the model's pods, and `nodes` as listed (the raw objects the model synced)."""
+        self.model = model
         self.pods = model.pods
         self.facts: dict[tuple[str, str], list[Any]] = {}
+        self.nodes: dict[str, NodeFacts] = {}
         self.ledger = GpuSecondLedger()
-        for name, node in model.nodes.items():  # placed as the book places them: last layer
-            placement = model.tree.placement(name)
-            domain = placement.layers[-1] if placement is not None and placement.layers else ""
-            self.ledger.set_node(name, "f", domain, node.allocatable_gpus, "", NOW)
+        for obj in nodes:
+            self.observe("Node", "ADDED", obj, obj["metadata"]["name"], NOW)
         for key in model.pods:
             self.observe("Pod", "ADDED", {}, key, NOW)
         model.observer = self
@@ -174,20 +180,47 @@ class LedgerFloor:
     def observe(
         self, kind: str, event_type: str, obj: Mapping[str, Any], key: ObjectKey, now: float
     ) -> None:
-        if kind != "Pod" or type(key) is not tuple:
-            return
-        pod = self.pods.get(key)
-        if pod is None:
-            return
-        fact = self.facts.get(key)
-        if fact is None:
-            gpus = pod.gpus if pod.holds_gpus else 0  # as the book counts a pod's GPUs
-            self.facts[key] = [pod.node, gpus]
-            if gpus:
-                self.ledger.move(pod.node, None, self.SLOT, gpus, now)
-        elif fact[0] != pod.node:
-            self.ledger.transfer(fact[0], pod.node, self.SLOT, fact[1], round(now * 1000))
-            fact[0] = pod.node
+        if type(key) is tuple:
+            if kind != "Pod":
+                return
+            pod = self.pods.get(key)
+            if pod is None:
+                return
+            fact = self.facts.get(key)
+            if fact is None:
+                gpus = pod.gpus if pod.holds_gpus else 0  # as the book counts a pod's GPUs
+                self.facts[key] = [pod.node, gpus]
+                if gpus:
+                    self.ledger.move(pod.node, None, self.SLOT, gpus, now)
+            elif fact[0] != pod.node:
+                self.ledger.transfer(fact[0], pod.node, self.SLOT, fact[1], round(now * 1000))
+                fact[0] = pod.node
+        elif kind == "Node" and type(key) is str:
+            node = self.model.nodes.get(key)
+            if node is None:
+                return
+            before = self.nodes.get(key)
+            facts = node_facts(obj, node, before)
+            if facts is before:
+                return
+            self.nodes[key] = facts
+            placement = self.model.tree.placement(key)  # placed as the book places them
+            domain = placement.layers[-1] if placement is not None and placement.layers else ""
+            flavor = self.model.node_flavor(key)
+            why = facts.unavailable()
+            self.ledger.set_node(key, flavor, domain, node.allocatable_gpus, why, now)
+
+    def agrees(self, book: GoodputBook, now: float) -> bool:
+        """Whether its GPU-milliseconds are the book's per (flavor, domain, category), held
+        ones summed over teams and categories (it keeps one slot)."""
+
+        def summed(totals: GpuSecondTotals) -> dict[tuple[str, str, str], int]:
+            out: dict[tuple[str, str, str], int] = defaultdict(int)
+            for (flavor, domain, _, category), value in totals.parts.items():
+                out[(flavor, domain, "held" if category in HELD else category)] += value
+            return {k: v for k, v in out.items() if v}
+
+        return summed(self.ledger.totals(now)) == summed(book.gpu_seconds(now))
 
 
 def goodput_overhead(
@@ -195,7 +228,7 @@ def goodput_overhead(
     events: int = 30_000,
     chunk: int = 250,
     spacing_ms: int = 0,
-) -> dict[str, tuple[float, float]]:
+) -> tuple[dict[str, tuple[float, float]], bool]:
     """Per event, the model alone ("model"), with the goodput ledger attached ("book",
     `GoodputBook`, issue 29), and with `LedgerFloor` ("floor"), in one run: three models fed
     the same objects kind by kind, then the same stream in chunks, each chunk through all
@@ -203,14 +236,16 @@ def goodput_overhead(
     all at one moment, as above); the book's totals are read once at the end, and counted.
     For each: (seconds per event over the whole stream, the median of its per-chunk ratio to
     the model alone). The median is the steadier figure on a shared machine: a neighbour's
-    burst lands in a few chunks, not in the middle of the distribution."""
+    burst lands in a few chunks, not in the middle of the distribution. Also whether the floor's
+    ledger came out as the book's (`LedgerFloor.agrees`): a floor that counted less would not
+    be one."""
     models = {name: ClusterModel() for name in ("model", "book", "floor")}
     book = GoodputBook()
     book.attach(models["book"])
     for model in models.values():
         for kind in ORDER:
             model.replace(kind, objects[kind], NOW)
-    LedgerFloor(models["floor"])
+    floor = LedgerFloor(models["floor"], objects["Node"])
     stream = event_stream(objects, events, seed=3)
     gc.collect()
     gc.freeze()
@@ -224,18 +259,20 @@ def goodput_overhead(
             for j, (kind, event_type, obj) in enumerate(part, start):
                 model.apply(kind, event_type, obj, NOW + j * spacing_ms / 1000)
             spent[name].append(time.process_time() - t)
+    end = NOW + events * spacing_ms / 1000
     t = time.process_time()
-    book.gpu_seconds(NOW + events * spacing_ms / 1000)
+    book.gpu_seconds(end)
     spent["book"][-1] += time.process_time() - t
     gc.unfreeze()
     base = spent["model"]
-    return {
+    costs = {
         name: (
             sum(times) / events,
             statistics.median(a / b for a, b in zip(times, base, strict=True) if b > 0),
         )
         for name, times in spent.items()
     }
+    return costs, floor.agrees(book, end)
 
 
 def per_event_cost(sizes: tuple[int, ...], events: int = 30_000, rounds: int = 3) -> list[float]:
@@ -306,8 +343,12 @@ def main() -> None:
     del model
     gc.collect()
     for spacing in (0, 1):
-        costs = goodput_overhead(objects, spacing_ms=spacing)
+        costs, agrees = goodput_overhead(objects, spacing_ms=spacing)
         when = "the stream above, one moment" if spacing == 0 else "each event 1 ms after the last"
+        print(
+            "the floor's GPU-seconds by flavor, domain and category "
+            + ("are the book's" if agrees else "DIFFER from the book's: the floor is wrong")
+        )
         alone = costs["model"][0]
         for name, what in (
             ("book", "goodput ledger attached"),
