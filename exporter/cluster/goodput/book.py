@@ -411,12 +411,10 @@ class GoodputBook:
                 # node under the same slot, its job is left as it was (its counts do not move,
                 # and `_evaluate` of unchanged counts changes nothing: it ran after their last
                 # change), unless it was a Ready pod of a running job (an interruption).
-                owner = old.job
-                track = self.jobs.get(owner)
+                track = old.track
                 if (
                     track is not None
                     and not (old.ready and track.running)
-                    and key in track.pods
                     and self._same_job(old, pod)
                 ):
                     if old.slot is not None:
@@ -512,6 +510,7 @@ class GoodputBook:
         if track is None or key in track.pods:
             return
         track.pods.add(key)
+        fact.track = track
         track.bound += fact.holds
         track.ready += fact.ready
         if track.running and fact.ready:
@@ -522,6 +521,7 @@ class GoodputBook:
         if track is None or key not in track.pods:
             return
         track.pods.discard(key)
+        fact.track = None
         track.bound -= fact.holds
         track.ready -= fact.ready
 
@@ -1109,7 +1109,7 @@ class GoodputBook:
             for pod in track.pods:
                 fact = self._pods.get(pod)
                 if fact is not None:
-                    fact.job = None
+                    fact.job = fact.track = None
                     self._set_slot(fact, self._slot(fact))
             self._judged_epoch.pop(key, None)
 

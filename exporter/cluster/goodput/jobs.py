@@ -49,6 +49,9 @@ class PodFact:
     owner_uid: str = ""
     job_uid: str = ""
     epoch: int = -1
+    # Its job's track while it is one of that track's pods (`GoodputBook._attach`), else None:
+    # a pod bound anew reaches its job without a lookup by key.
+    track: JobTrack | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(slots=True)
