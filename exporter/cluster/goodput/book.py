@@ -45,7 +45,12 @@ from exporter.cluster.goodput.attribution import (
     attribute,
 )
 from exporter.cluster.goodput.ettr import GroupGoodput, JobGoodput, group_goodput, job_goodput
-from exporter.cluster.goodput.evidence import NodeFacts, checkpoint_of, node_facts
+from exporter.cluster.goodput.evidence import (
+    NodeFacts,
+    checkpoint_of,
+    checkpoint_values,
+    node_facts,
+)
 from exporter.cluster.goodput.gpu_seconds import GpuSecondLedger, GpuSecondTotals, to_ms
 from exporter.cluster.goodput.jobs import JobTrack, PodFact
 from exporter.cluster.goodput.reliability import (
@@ -158,10 +163,9 @@ class GoodputBook:
         self.jobs: dict[JobKey, JobTrack] = {}
         self._pods: dict[tuple[str, str], PodFact] = {}
         self._workloads: dict[tuple[str, str], Workload] = {}
-        # Each Workload's annotations and labels as written (where a checkpoint may be):
-        # compared, not parsed, on the hot path.
-        self._annotations: dict[tuple[str, str], object] = {}
-        self._labels: dict[tuple[str, str], object] = {}
+        # Each Workload's checkpoint annotation and label as written (`checkpoint_of` reads
+        # nothing else of its metadata): compared, not parsed, on the hot path.
+        self._checkpoints: dict[tuple[str, str], tuple[object, object]] = {}
         self._wl_job: dict[tuple[str, str], JobKey] = {}
         self._uid_job: dict[str, JobKey] = {}
         # GPU pods whose job is not known yet (their Workload not seen): by the groups a
@@ -175,6 +179,9 @@ class GoodputBook:
         self._node_place: dict[str, tuple[str, str, str, str]] = {}
         self._node_placement: dict[str, Placement | None] = {}  # the tree's, as last read
         self._why: dict[str, str] = {}  # why each node's free GPUs are unavailable ("": not)
+        # What `_seen` last told the reliability book and the ledger of each node: its place
+        # (`_node_place`'s tuple), allocatable GPUs and why.
+        self._told: dict[str, tuple[tuple[str, str, str, str], int, str]] = {}
         self._unsettled: list[JobKey] = []
         self._watch: dict[str, set[tuple[JobKey, str]]] = {}  # node -> (job, entry id)
         self._epoch = 0
@@ -571,8 +578,7 @@ class GoodputBook:
         assert self._model is not None
         if event_type == "DELETED":
             old = self._workloads.pop(key, None)
-            self._annotations.pop(key, None)
-            self._labels.pop(key, None)
+            self._checkpoints.pop(key, None)
             job = self._wl_job.pop(key, None)
             self._map_epoch += 1
             self.gpu_ledger.remove_demand(key, now)
@@ -595,20 +601,15 @@ class GoodputBook:
             return
         workload = state.workload
         old = self._workloads.get(key)
-        meta = obj.get("metadata")
-        annotations = labels = None
-        if type(meta) is dict or isinstance(meta, Mapping):
-            annotations, labels = meta.get("annotations"), meta.get("labels")
+        checkpoint = checkpoint_values(obj, self.config.checkpoint_key)
         unchanged = (
             old is not None
             and (old is workload or old == workload)
-            and self._annotations.get(key) == annotations
-            and self._labels.get(key) == labels
+            and self._checkpoints.get(key) == checkpoint
         )
         # Hold the model's copy, not the old one (which only this book would keep alive).
         self._workloads[key] = workload
-        self._annotations[key] = annotations
-        self._labels[key] = labels
+        self._checkpoints[key] = checkpoint
         if unchanged:
             return  # a re-write the ledger reads nothing new in
         job = job_key_of(workload)
@@ -971,6 +972,7 @@ class GoodputBook:
             self._why.pop(name, None)
             self._node_place.pop(name, None)
             self._node_placement.pop(name, None)
+            self._told.pop(name, None)
             self._events_of(name).append(NodeEvent(now, name, "deleted"))
             self._epoch += 1
             self.gpu_ledger.remove_node(name, now)
@@ -1044,8 +1046,13 @@ class GoodputBook:
     def _seen(self, name: str, node: Node, why: str, now: float) -> None:
         """The node's place for reliability, its state in the GPU-second ledger."""
         place = self._place(name, node)
+        told = self._told.get(name)
+        allocatable = node.allocatable_gpus
+        if told is not None and told[0] is place and told[1] == allocatable and told[2] == why:
+            return  # as told: neither would move (a Node event that changed nothing here)
+        self._told[name] = (place, allocatable, why)
         self.reliability_book.node_seen(name, place[2], place[1], place[3], now)
-        self.gpu_ledger.set_node(name, place[0], place[1], node.allocatable_gpus, why, now)
+        self.gpu_ledger.set_node(name, place[0], place[1], allocatable, why, now)
 
     def _place(self, name: str, node: Node) -> tuple[str, str, str, str]:
         """(flavor, domain, instance type, UltraServer): the model's flavor of the node and

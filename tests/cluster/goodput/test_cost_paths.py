@@ -12,8 +12,10 @@ import pytest
 from exporter.cluster.elastic.idle import DemandCause
 from exporter.cluster.goodput.attribution import SETTLE_S
 from exporter.cluster.goodput.gpu_seconds import GpuSecondLedger
+from exporter.sim import synthetic as syn
 from exporter.store.sqlstore import open_store
 from tests.cluster.goodput.harness import NS, T0, World, finding, xid79
+from tests.cluster.goodput.test_interruptions import settle
 from tests.cluster.goodput.test_restart import restored
 from tests.crds import assert_valid_kueue
 
@@ -175,3 +177,36 @@ def test_a_node_filled_and_made_unavailable_in_one_millisecond_has_no_idle_left(
     assert totals.residual_ms() == 0
     assert sum(totals.idle_reasons.values()) == 4 * 20_000  # idle only before T0 + 20
     assert ledger.now_counts() == {"running": 8}
+
+
+@pytest.mark.parametrize("where", ["annotations", "labels"])
+def test_a_checkpoint_written_to_an_otherwise_unchanged_workload_is_read(where: str) -> None:
+    """The book skips a Workload rewrite that changes nothing it reads; a checkpoint time (the
+    configured annotation, else label) is something it reads, whatever else stays."""
+    key = "topowatch.io/last-checkpoint"
+    w = World()
+    w.node("a")
+    obj = w.workload("ckpt", 1)
+    w.pod("ckpt-0", "a", "ckpt", "ckpt")
+    obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": "900"}}
+    obj["metadata"][where] = {**obj["metadata"].get(where, {}), key: syn.rfc3339(T0 - 600)}
+    w.apply("Workload", obj)
+    w.at(T0 + 100).delete_pod("ckpt-0")
+    settle(w, T0 + 100 + SETTLE_S)
+    (entry,) = w.entries("ckpt")
+    assert entry.work_lost_gpu_seconds == 8 * 700
+
+
+def test_a_node_event_that_changes_only_allocatable_gpus_reaches_the_ledger() -> None:
+    """The book tells the ledger a node's state only when it moved: allocatable GPUs are part
+    of it, though no fact of the node's health changed."""
+    w = World()
+    w.node("a")
+    obj = w.nodes["a"]
+    obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": "900"}}
+    obj["status"] = {**obj["status"], "allocatable": {**obj["status"]["allocatable"]}}
+    obj["status"]["allocatable"]["nvidia.com/gpu"] = "4"
+    w.at(T0 + 100).apply("Node", obj)
+    totals = w.book.gpu_seconds(T0 + 200)
+    assert totals.residual_ms() == 0
+    assert totals.seconds("idle") == 8 * 100 + 4 * 100
