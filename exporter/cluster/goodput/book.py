@@ -397,7 +397,6 @@ class GoodputBook:
     # --- pods -------------------------------------------------------------------------------
 
     def _pod(self, event_type: str, key: tuple[str, str], now: float) -> None:
-        assert self._model is not None
         pod = None if event_type == "DELETED" else self._model_pods.get(key)
         old = self._pods.get(key)
         if old is not None and pod is not None and old.job is not None:

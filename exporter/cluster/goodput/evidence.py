@@ -203,9 +203,11 @@ def checkpoint_values(obj: Mapping[str, Any], key: str) -> tuple[object, object]
     `checkpoint_of` reads, so an object whose values are as they were has the same checkpoint.
     Type-tested in line, `_map` only where a test fails: this runs per Workload event."""
     meta = v if type(v := obj.get("metadata")) is dict else _map(v)
-    annotations = v if type(v := meta.get("annotations")) is dict else _map(v)
-    labels = v if type(v := meta.get("labels")) is dict else _map(v)
-    return annotations.get(key), labels.get(key)
+    annotations, labels = meta.get("annotations"), meta.get("labels")
+    return (
+        annotations.get(key) if type(annotations) is dict else _map(annotations).get(key),
+        labels.get(key) if type(labels) is dict else _map(labels).get(key),
+    )
 
 
 def parse_time(value: str) -> float | None:
