@@ -601,14 +601,12 @@ class GoodputBook:
         workload = state.workload
         old = self._workloads.get(key)
         checkpoint = checkpoint_values(obj, self.config.checkpoint_key)
-        unchanged = (
-            old is not None
-            and (old is workload or old == workload)
-            and self._checkpoints.get(key) == checkpoint
-        )
+        unchanged = old is not None and (old is workload or old == workload)
         # Hold the model's copy, not the old one (which only this book would keep alive).
         self._workloads[key] = workload
-        self._checkpoints[key] = checkpoint
+        if self._checkpoints.get(key) != checkpoint:
+            self._checkpoints[key] = checkpoint  # (kept only when new: nothing more to collect)
+            unchanged = False
         if unchanged:
             return  # a re-write the ledger reads nothing new in
         job = job_key_of(workload)
