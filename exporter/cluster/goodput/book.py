@@ -474,10 +474,12 @@ class GoodputBook:
             )
             self._pods[key] = fact
             if job is None and pod.gpus > 0:
+                # (no closure over `pod`: that would make it a cell on the hot path above)
+                unnamed = (pod.namespace, "")
                 groups: tuple[object, ...] = tuple(
                     g
                     for g in (pod.owner_uid, pod.job_uid, (pod.namespace, pod.workload))
-                    if g and g != (pod.namespace, "")
+                    if g and g != unnamed
                 )
                 self._parked_by_pod[key] = groups
                 for group in groups:
