@@ -4,7 +4,7 @@ Synthetic cluster of 2,000 p5 nodes (16,000 GPUs), 10,000 workloads, 50,000 pods
 the ClusterModel exactly as the informers deliver it (plain dicts). Prints figures; never
 passes or fails. The side-by-side baseline is the obvious design the issue rules out: recount
 every domain from every pod on each event. The goodput ledger (issue 29) is weighed against the
-model alone on the same stream: the per-event cost it adds.
+model alone on the same stream: the per-event cost it adds, beside its floor (`LedgerFloor`).
 
     .venv/bin/python benchmarks/cluster_model.py [--nodes 2000] [--workloads 10000] [--pods 50000]
 """
