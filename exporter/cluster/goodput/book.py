@@ -174,14 +174,8 @@ class GoodputBook:
         self._parked_by_pod: dict[tuple[str, str], tuple[object, ...]] = {}
         self._facts: dict[str, NodeFacts] = {}
         self._node_events: dict[str, deque[NodeEvent]] = {}
-        # Each node's (flavor, domain, instance type, UltraServer), and the labels it was
-        # worked out from (recomputed when they change).
-        self._node_place: dict[str, tuple[str, str, str, str]] = {}
-        self._node_placement: dict[str, Placement | None] = {}  # the tree's, as last read
+        self._placed: dict[str, _Placed] = {}  # each node's place, and what was told of it
         self._why: dict[str, str] = {}  # why each node's free GPUs are unavailable ("": not)
-        # What `_seen` last told the reliability book and the ledger of each node: its place
-        # (`_node_place`'s tuple), allocatable GPUs and why.
-        self._told: dict[str, tuple[tuple[str, str, str, str], int, str]] = {}
         self._unsettled: list[JobKey] = []
         self._watch: dict[str, set[tuple[JobKey, str]]] = {}  # node -> (job, entry id)
         self._epoch = 0
@@ -969,9 +963,7 @@ class GoodputBook:
         if event_type == "DELETED":
             self._facts.pop(name, None)
             self._why.pop(name, None)
-            self._node_place.pop(name, None)
-            self._node_placement.pop(name, None)
-            self._told.pop(name, None)
+            self._placed.pop(name, None)
             self._events_of(name).append(NodeEvent(now, name, "deleted"))
             self._epoch += 1
             self.gpu_ledger.remove_node(name, now)
@@ -1031,7 +1023,7 @@ class GoodputBook:
         """A ResourceFlavor came, changed or went: the model may select its nodes anew, so
         every node is placed again (O(nodes), on a rare event), from this moment."""
         assert self._model is not None
-        for name in list(self._node_place):
+        for name in list(self._placed):
             node = self._model.nodes.get(name)
             if node is not None:
                 self._seen(name, node, self._why.get(name, ""), now)
@@ -1044,30 +1036,29 @@ class GoodputBook:
 
     def _seen(self, name: str, node: Node, why: str, now: float) -> None:
         """The node's place for reliability, its state in the GPU-second ledger."""
-        place = self._place(name, node)
-        told = self._told.get(name)
+        placed = self._place(name, node)
         allocatable = node.allocatable_gpus
-        if told is not None and told[0] is place and told[1] == allocatable and told[2] == why:
+        if placed.allocatable == allocatable and placed.why == why:
             return  # as told: neither would move (a Node event that changed nothing here)
-        self._told[name] = (place, allocatable, why)
+        placed.allocatable, placed.why = allocatable, why
+        place = placed.place
         self.reliability_book.node_seen(name, place[2], place[1], place[3], now)
         self.gpu_ledger.set_node(name, place[0], place[1], allocatable, why, now)
 
-    def _place(self, name: str, node: Node) -> tuple[str, str, str, str]:
-        """(flavor, domain, instance type, UltraServer): the model's flavor of the node and
-        its place in the topology tree, recomputed when either moves (the tree keeps a
-        node's Placement while its placement labels stay, whatever other labels do)."""
+    def _place(self, name: str, node: Node) -> _Placed:
+        """The node's place: the model's flavor of it and its place in the topology tree,
+        worked out anew (and so told anew) when either moves (the tree keeps a node's
+        Placement while its placement labels stay, whatever other labels do)."""
         assert self._model is not None
         placement = self._model.tree.placement(name)
         flavor = self._model.node_flavor(name)
-        cached = self._node_place.get(name)
-        if cached is not None and cached[0] == flavor and self._node_placement[name] is placement:
-            return cached
+        placed = self._placed.get(name)
+        if placed is not None and placed.place[0] == flavor and placed.placement is placement:
+            return placed
         domain = placement.layers[-1] if placement is not None and placement.layers else ""
-        value = (flavor, domain, node.label(INSTANCE_TYPE_KEY), node.label(ULTRASERVER_KEY))
-        self._node_place[name] = value
-        self._node_placement[name] = placement
-        return value
+        place = (flavor, domain, node.label(INSTANCE_TYPE_KEY), node.label(ULTRASERVER_KEY))
+        placed = self._placed[name] = _Placed(placement, place)
+        return placed
 
     def _refresh_watchers(self, node: str) -> None:
         watchers = self._watch.get(node)
@@ -1118,6 +1109,17 @@ class GoodputBook:
                     fact.job = fact.track = None
                     self._set_slot(fact, self._slot(fact))
             self._judged_epoch.pop(key, None)
+
+
+@dataclass(slots=True, eq=False)
+class _Placed:
+    """A node's place as the book worked it out, from the topology tree's Placement, and what
+    `_seen` last told the reliability book and the ledger of it (None: not yet at this place)."""
+
+    placement: Placement | None  # the tree's, as read
+    place: tuple[str, str, str, str]  # (flavor, domain, instance type, UltraServer)
+    allocatable: int | None = None
+    why: str = ""
 
 
 def _ordinal(entry_id: str) -> int:
