@@ -47,6 +47,7 @@ from exporter.cluster.goodput.attribution import (
 from exporter.cluster.goodput.ettr import GroupGoodput, JobGoodput, group_goodput, job_goodput
 from exporter.cluster.goodput.evidence import (
     NodeFacts,
+    checkpoint_from,
     checkpoint_of,
     checkpoint_values,
     node_facts,
@@ -632,7 +633,7 @@ class GoodputBook:
                 for resource, flavor in placement.flavors:
                     if resource == GPU_RESOURCE:
                         track.flavor = flavor
-        at, note = checkpoint_of(obj, self.config.checkpoint_key)
+        at, note = checkpoint_from(checkpoint, self.config.checkpoint_key)
         if at is not None or note:
             track.checkpoint_at, track.checkpoint_note = at, note
         elastic = self._model.elastic.for_workload(workload)

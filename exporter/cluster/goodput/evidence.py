@@ -184,18 +184,7 @@ def checkpoint_of(obj: Mapping[str, Any] | None, key: str) -> tuple[float | None
     seconds, "") when readable, (None, "") when absent, (None, why) when malformed."""
     if obj is None or not key:
         return None, ""
-    meta = _map(obj.get("metadata"))
-    for where in ("annotations", "labels"):
-        value = _map(meta.get(where)).get(key)
-        if value is None:
-            continue
-        if not isinstance(value, str) or not value.strip():
-            return None, f"checkpoint {where[:-1]} {key} is empty or not a string"
-        parsed = parse_time(value.strip())
-        if parsed is None:
-            return None, f"checkpoint {where[:-1]} {key}={value[:64]!r} is not a time"
-        return parsed, ""
-    return None, ""
+    return checkpoint_from(checkpoint_values(obj, key), key)
 
 
 def checkpoint_values(obj: Mapping[str, Any], key: str) -> tuple[object, object]:
@@ -208,6 +197,23 @@ def checkpoint_values(obj: Mapping[str, Any], key: str) -> tuple[object, object]
         annotations.get(key) if type(annotations) is dict else _map(annotations).get(key),
         labels.get(key) if type(labels) is dict else _map(labels).get(key),
     )
+
+
+def checkpoint_from(values: tuple[object, object], key: str) -> tuple[float | None, str]:
+    """`checkpoint_of` of an object whose `checkpoint_values` are `values`: the annotation
+    where there is one, else the label."""
+    if not key:
+        return None, ""
+    for where, value in zip(("annotation", "label"), values, strict=True):
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            return None, f"checkpoint {where} {key} is empty or not a string"
+        parsed = parse_time(value.strip())
+        if parsed is None:
+            return None, f"checkpoint {where} {key}={value[:64]!r} is not a time"
+        return parsed, ""
+    return None, ""
 
 
 def parse_time(value: str) -> float | None:
